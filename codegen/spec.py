@@ -39,13 +39,13 @@ class SimtSpec:
 
     dtype: DType = DType.fp32
     bias: bool = False
-    bm: int = 64
-    bn: int = 64
+    bm: int = 128
+    bn: int = 128
     bk: int = 8
-    wm: int = 16
-    wn: int = 32
-    tm: int = 4
-    tn: int = 4
+    wm: int = 32
+    wn: int = 64
+    tm: int = 8
+    tn: int = 8
     pad: int = 4
     vec: int = 4
     stages: int = 2

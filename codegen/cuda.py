@@ -1,0 +1,174 @@
+"""Thin, checked wrappers over the CUDA driver API (cuda-python). Imported only in GPU workers."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+from cuda.bindings import driver
+
+#: Errors after which the context is unusable: the worker must be replaced.
+STICKY = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    "CUDA_ERROR_UNKNOWN",
+}
+
+
+class CudaError(RuntimeError):
+    def __init__(self, what: str, err) -> None:
+        self.code = getattr(err, "name", str(err))
+        self.sticky = self.code in STICKY
+        super().__init__(f"{what}: {self.code}")
+
+
+def check(result, what: str):
+    """cuda-python returns (err, *values): raise on error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(what, err)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    sm: str
+    driver: str
+    sms: int
+    l2_bytes: int
+    max_smem_optin: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Context:
+    """The primary context of one device, current on this thread (shared with torch, if used)."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        check(driver.cuInit(0), "cuInit")
+        self.device = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.ctx = check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        check(driver.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self.stream = driver.CUstream(0)
+        self.info = self._info()
+
+    def _attr(self, name: str) -> int:
+        attr = getattr(driver.CUdevice_attribute, name)
+        return check(driver.cuDeviceGetAttribute(attr, self.device), name)
+
+    def _info(self) -> DeviceInfo:
+        raw = check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        version = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+        major = self._attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
+        minor = self._attr("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
+        return DeviceInfo(
+            name=raw.split(b"\0")[0].decode(),
+            sm=f"sm_{major}{minor}",
+            driver=_driver_release() or f"{version // 1000}.{version % 1000 // 10}",
+            sms=self._attr("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+            l2_bytes=self._attr("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE"),
+            max_smem_optin=self._attr("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        )
+
+    def synchronize(self) -> None:
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def _driver_release() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            for word in f.read().split():
+                if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                    return word
+    except OSError:
+        return None
+    return None
+
+
+class Buffer:
+    """A device allocation."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(int(nbytes), 1)
+        self.ptr = check(driver.cuMemAlloc(self.nbytes), "cuMemAlloc")
+
+    @property
+    def address(self) -> int:
+        return int(self.ptr)
+
+    def upload(self, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host)
+        assert host.nbytes <= self.nbytes
+        check(driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+
+    def download(self, host: np.ndarray) -> np.ndarray:
+        assert host.flags.c_contiguous and host.nbytes <= self.nbytes
+        check(driver.cuMemcpyDtoH(host.ctypes.data, self.ptr, host.nbytes), "cuMemcpyDtoH")
+        return host
+
+    def fill16(self, value: int, stream) -> None:
+        check(driver.cuMemsetD16Async(self.ptr, value, self.nbytes // 2, stream), "cuMemsetD16Async")
+
+    def zero(self, stream, nbytes: int | None = None) -> None:
+        check(driver.cuMemsetD8Async(self.ptr, 0, nbytes or self.nbytes, stream), "cuMemsetD8Async")
+
+    def free(self) -> None:
+        if self.ptr is not None:
+            driver.cuMemFree(self.ptr)
+            self.ptr = None
+
+
+class Module:
+    """A loaded cubin and its functions."""
+
+    def __init__(self, cubin: bytes) -> None:
+        self.module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._functions: dict[str, object] = {}
+
+    def function(self, symbol: str, dynamic_smem: int = 0):
+        if symbol not in self._functions:
+            func = check(driver.cuModuleGetFunction(self.module, symbol.encode()), f"cuModuleGetFunction({symbol})")
+            self._functions[symbol] = func
+        func = self._functions[symbol]
+        if dynamic_smem > 48 * 1024:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(driver.cuFuncSetAttribute(func, attr, dynamic_smem), "cuFuncSetAttribute(max dynamic smem)")
+        return func
+
+    def unload(self) -> None:
+        driver.cuModuleUnload(self.module)
+
+
+def launch(func, grid, block, smem: int, stream, args: list) -> None:
+    """Launch with arguments given as ctypes values (pointers as c_void_p, ints as c_int)."""
+    holders = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    check(
+        driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(holders), 0),
+        "cuLaunchKernel",
+    )
+
+
+class Event:
+    def __init__(self) -> None:
+        self.event = check(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+
+    def record(self, stream) -> None:
+        check(driver.cuEventRecord(self.event, stream), "cuEventRecord")
+
+    def elapsed_ms(self, start: "Event") -> float:
+        check(driver.cuEventSynchronize(self.event), "cuEventSynchronize")
+        return float(check(driver.cuEventElapsedTime(start.event, self.event), "cuEventElapsedTime"))

@@ -1,0 +1,86 @@
+"""Host-side inputs, float64 references and error measures (numpy only, no CUDA)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codegen.problem import DType, Problem
+
+#: numpy storage type of each element type (bf16 is kept as its 16 raw bits).
+STORAGE = {DType.fp32: np.float32, DType.fp16: np.float16, DType.bf16: np.uint16}
+#: 16-bit pattern of a quiet NaN, used to poison outputs before a run.
+NAN16 = {DType.fp16: 0x7E00, DType.bf16: 0x7FC0}
+NAN32_HALVES = 0x7FC0  # the high and low halves of 0x7FC07FC0, a float32 NaN
+
+
+def _bf16_from_f32(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+    return (rounded >> 16).astype(np.uint16)
+
+
+def to_storage(x: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype is DType.bf16:
+        return _bf16_from_f32(x)
+    return np.ascontiguousarray(x, dtype=STORAGE[dtype])
+
+
+def to_float64(x: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype is DType.bf16:
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """X, W (and B) uniform in [-1, 1), in storage format. Never zeros."""
+    p = problem
+    out = {
+        "X": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
+        "W": to_storage(rng.uniform(-1, 1, (p.n, p.k)).astype(np.float32), p.dtype),
+    }
+    if p.bias:
+        out["B"] = to_storage(rng.uniform(-1, 1, p.n).astype(np.float32), p.dtype)
+    return out
+
+
+def reference(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Y in float64 from the (already rounded) inputs."""
+    x = to_float64(inputs["X"], problem.dtype)
+    w = to_float64(inputs["W"], problem.dtype)
+    y = x @ w.T
+    if problem.bias:
+        y += to_float64(inputs["B"], problem.dtype)[None, :]
+    return y
+
+
+def compare(problem: Problem, y: np.ndarray, ref: np.ndarray) -> tuple[str, str, float | None]:
+    """(status, evidence, relative error) of an output against its reference."""
+    got = to_float64(y, problem.dtype).reshape(ref.shape)
+    bad = ~np.isfinite(got)
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        return "nan_or_inf", f"{int(bad.sum())} of {bad.size} outputs not finite (unwritten or overflow), first at {first}", None
+    denom = float(np.linalg.norm(ref)) or 1.0
+    rel = float(np.linalg.norm(got - ref)) / denom
+    if rel > problem.dtype.rel_tol:
+        diff = np.abs(got - ref)
+        where = np.unravel_index(int(np.argmax(diff)), diff.shape)
+        return (
+            "wrong_result",
+            f"relative error {rel:.3g} > {problem.dtype.rel_tol:g}; max abs error {diff[where]:.3g} at {where}",
+            rel,
+        )
+    return "ok", "", rel
+
+
+def summarize(times_ms: list[float], problem: Problem) -> dict:
+    """Median, p20, p80 and the rates of a list of timings."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    median = float(np.median(t))
+    return {
+        "median_ms": median,
+        "p20_ms": float(np.percentile(t, 20)),
+        "p80_ms": float(np.percentile(t, 80)),
+        "tflops": problem.flops / (median * 1e-3) / 1e12,
+        "gbps": problem.min_bytes / (median * 1e-3) / 1e9,
+    }

@@ -1,0 +1,192 @@
+"""What a GPU worker does: load a cubin, validate it, time it, and time the baseline.
+
+Runs only inside a worker process (codegen.worker); everything arrives as plain data.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from codegen import cuda
+from codegen.cuda import Buffer, CudaError, Event, Module
+from codegen.data import NAN16, NAN32_HALVES, STORAGE, compare, random_inputs, reference, summarize
+from codegen.launch import LaunchPlan
+from codegen.problem import DType, Problem
+
+POINTERS = ("Y", "X", "W", "B", "WS")
+FLUSH_BYTES = 256 << 20
+
+
+class Failure(Exception):
+    """An evaluation ended in a status other than ok."""
+
+    def __init__(self, status: str, evidence: str, restart: bool = False) -> None:
+        super().__init__(evidence)
+        self.status, self.evidence, self.restart = status, evidence, restart
+
+
+class Operands:
+    """One problem's inputs on host and device, and the output buffer."""
+
+    def __init__(self, problem: Problem, rng: np.random.Generator, with_reference: bool = True) -> None:
+        self.problem = problem
+        self.host = random_inputs(problem, rng)
+        self.ref = reference(problem, self.host) if with_reference else None
+        self.buffers: dict[str, Buffer] = {}
+        for name, arr in self.host.items():
+            self.buffers[name] = Buffer(arr.nbytes)
+            self.buffers[name].upload(arr)
+        self.buffers["Y"] = Buffer(problem.m * problem.n * problem.dtype.itemsize)
+        self.workspace: Buffer | None = None
+
+    def address(self, name: str, plan: LaunchPlan) -> int | None:
+        if name == "WS":
+            if plan.workspace_bytes == 0:
+                return None
+            if self.workspace is None or self.workspace.nbytes < plan.workspace_bytes:
+                if self.workspace is not None:
+                    self.workspace.free()
+                self.workspace = Buffer(plan.workspace_bytes)
+            return self.workspace.address
+        buf = self.buffers.get(name)
+        return buf.address if buf is not None else None  # no bias: a null pointer
+
+    def poison(self, stream) -> None:
+        y = self.buffers["Y"]
+        y.fill16(NAN16.get(self.problem.dtype, NAN32_HALVES), stream)
+
+    def output(self) -> np.ndarray:
+        p = self.problem
+        return self.buffers["Y"].download(np.empty((p.m, p.n), dtype=STORAGE[p.dtype]))
+
+    def free(self) -> None:
+        for buf in list(self.buffers.values()) + ([self.workspace] if self.workspace else []):
+            buf.free()
+
+
+class Engine:
+    def __init__(self, ordinal: int = 0) -> None:
+        self.ctx = cuda.Context(ordinal)
+        self.stream = self.ctx.stream
+        self.flush = Buffer(max(FLUSH_BYTES, 4 * self.ctx.info.l2_bytes))
+        self.rng = np.random.default_rng()  # fresh seed in every worker
+        self.operands: dict[Problem, Operands] = {}
+        self.baselines: dict[Problem, dict] = {}
+
+    # ---- running ------------------------------------------------------------------------------
+    def run_plan(self, module: Module, plan: LaunchPlan, ops: Operands) -> None:
+        p = ops.problem
+        dims = {"M": p.m, "N": p.n, "K": p.k}
+        if plan.zero_output:
+            ops.buffers["Y"].zero(self.stream)
+        for step in plan.launches:
+            args = [
+                ctypes.c_void_p(ops.address(a, plan)) if a in POINTERS else ctypes.c_int(dims[a]) for a in step.args
+            ]
+            try:
+                func = module.function(step.symbol, step.smem)
+                cuda.launch(func, step.grid, step.block, step.smem, self.stream, args)
+            except CudaError as e:
+                if e.sticky:
+                    raise Failure("runtime_error", str(e), restart=True) from e
+                raise Failure("launch_out_of_resources", str(e)) from e
+
+    def synchronize(self, what: str) -> None:
+        try:
+            self.ctx.synchronize()
+        except CudaError as e:
+            status = "timeout" if e.code == "CUDA_ERROR_LAUNCH_TIMEOUT" else "runtime_error"
+            raise Failure(status, f"{what}: {e}", restart=e.sticky) from e
+
+    def time_calls(self, fn, reps_min: int, reps_max: int, target_ms: float) -> list[float]:
+        """Events around each call, L2 flushed before each; warm-up first."""
+        for _ in range(2):
+            fn()
+        start, end = Event(), Event()
+        start.record(self.stream)
+        fn()
+        end.record(self.stream)
+        estimate = max(end.elapsed_ms(start), 1e-3)
+        reps = int(min(reps_max, max(reps_min, math.ceil(target_ms / estimate))))
+        times = []
+        for _ in range(reps):
+            self.flush.zero(self.stream)
+            start.record(self.stream)
+            fn()
+            end.record(self.stream)
+            times.append(end.elapsed_ms(start))
+        return times
+
+    # ---- requests -------------------------------------------------------------------------------
+    def operands_for(self, problem: Problem) -> Operands:
+        if problem not in self.operands:
+            self.operands[problem] = Operands(problem, self.rng)
+        return self.operands[problem]
+
+    def prepare(self, problem: Problem, baseline: bool, timing: dict) -> dict:
+        """Inputs, float64 reference (cached per problem) and, if asked and torch is there, cuBLAS."""
+        self.operands_for(problem)
+        if baseline and problem not in self.baselines:
+            self.baselines[problem] = self._cublas(problem, timing)
+        return self.baselines.get(problem, {})
+
+    def _cublas(self, problem: Problem, timing: dict) -> dict:
+        try:
+            import torch
+            import torch.nn.functional as F
+        except ImportError:
+            return {"note": "torch is not installed: no cuBLAS baseline"}
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ops = self.operands[problem]
+        tdtype = {DType.fp32: torch.float32, DType.fp16: torch.float16, DType.bf16: torch.bfloat16}[problem.dtype]
+
+        def tensor(a: np.ndarray):
+            t = torch.from_numpy(a.view(np.int16) if problem.dtype is DType.bf16 else a)
+            return t.cuda().view(tdtype) if problem.dtype is DType.bf16 else t.cuda()
+
+        x, w = tensor(ops.host["X"]), tensor(ops.host["W"])
+        b = tensor(ops.host["B"]) if problem.bias else None
+        torch.cuda.synchronize()
+        times = self.time_calls(lambda: F.linear(x, w, b), **timing)
+        torch.cuda.synchronize()
+        stats = summarize(times, problem)
+        return {"cublas": {k: stats[k] for k in ("median_ms", "p20_ms", "p80_ms")}}
+
+    def evaluate(self, job: dict) -> dict:
+        problem = Problem.from_dict(job["problem"])
+        try:
+            module = Module(job["cubin"])
+        except CudaError as e:
+            raise Failure("runtime_error" if e.sticky else "compile_error", f"module load: {e}", e.sticky) from e
+        try:
+            # Odd-shape probe with fresh inputs: catches tail bugs the main shape can hide.
+            probe = Problem.from_dict(job["probe"])
+            probe_ops = Operands(probe, self.rng)
+            try:
+                self._validate(module, LaunchPlan.from_dict(job["probe_plan"]), probe_ops, f"probe {probe.key}")
+            finally:
+                probe_ops.free()
+            ops = self.operands_for(problem)
+            plan = LaunchPlan.from_dict(job["plan"])
+            rel = self._validate(module, plan, ops, problem.key)
+
+            def run() -> None:
+                self.run_plan(module, plan, ops)
+
+            times = self.time_calls(run, **job["timing"])
+            self.synchronize("timing")
+            return {"status": "ok", "evidence": "", "rel_error": rel, "times_ms": times, **summarize(times, problem)}
+        finally:
+            module.unload()
+
+    def _validate(self, module: Module, plan: LaunchPlan, ops: Operands, what: str) -> float | None:
+        ops.poison(self.stream)
+        self.run_plan(module, plan, ops)
+        self.synchronize(what)
+        status, evidence, rel = compare(ops.problem, ops.output(), ops.ref)
+        if status != "ok":
+            raise Failure(status, f"{what}: {evidence}")
+        return rel

@@ -1,0 +1,152 @@
+"""Orchestrator side of one evaluation: check, render, compile, then ask the GPU worker.
+
+Never touches CUDA itself. Every outcome is a result dict with a status (see STATUSES).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
+from codegen.launch import plan
+from codegen.problem import Problem
+from codegen.render import render
+from codegen.spec import DeviceLimits, SimtSpec
+from codegen.worker import GpuWorker
+
+STATUSES = (
+    "ok", "invalid", "compile_error", "compile_timeout", "launch_out_of_resources", "runtime_error",
+    "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf",
+)
+#: Small shape, no side a multiple of any tile: every evaluation also runs it.
+PROBE = (67, 45, 91)
+DEFAULT_TIMING = {"reps_min": 20, "reps_max": 100, "target_ms": 100.0}
+
+
+def failure(status: str, evidence: str) -> dict:
+    assert status in STATUSES
+    return {"status": status, "evidence": evidence, "median_ms": None, "p20_ms": None, "p80_ms": None,
+            "times_ms": [], "tflops": None, "gbps": None, "rel_error": None, "baselines": {}, "ratio": {}}
+
+
+def probe_for(problem: Problem) -> Problem:
+    m, n, k = PROBE
+    return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+
+
+@dataclass
+class Built:
+    """A spec made ready for the GPU, or the reason it cannot be."""
+
+    spec: SimtSpec
+    source: str | None = None
+    compiled: CompileResult | None = None
+    failure: dict | None = None
+
+    def kernel_record(self) -> dict:
+        rec = {"name": self.spec.name, "family": self.spec.family, "spec": self.spec.to_dict()}
+        if self.source is not None:
+            rec.update(source=self.source)
+        if self.compiled is not None:
+            c = self.compiled
+            rec.update(source_hash=c.source_hash, arch=c.arch, options=c.options, report=c.report, log=c.log)
+        return rec
+
+
+def build(spec: SimtSpec, problem: Problem, arch: str, limits: DeviceLimits | None = None) -> Built:
+    """Check, render and compile (CPU only; safe in a process pool)."""
+    reasons = spec.check(problem, limits or DeviceLimits.for_arch(int(arch[3:5])))
+    if reasons:
+        return Built(spec, failure=failure("invalid", "; ".join(reasons)))
+    source = render(spec)
+    try:
+        compiled = compile_source(source, spec.name, arch)
+    except CompileError as e:
+        return Built(spec, source, failure=failure("compile_error", e.log[-4000:]))
+    return Built(spec, source, compiled)
+
+
+@dataclass
+class Evaluator:
+    """Runs built kernels on one GPU through its worker and attaches the baseline."""
+
+    arch: str | None = None
+    timeout_s: float = 30.0
+    prepare_timeout_s: float = 600.0
+    baseline: bool = True
+    timing: dict = field(default_factory=lambda: dict(DEFAULT_TIMING))
+    ordinal: int = 0
+
+    def __post_init__(self) -> None:
+        self.worker = GpuWorker(self.ordinal)
+        self._baselines: dict[Problem, dict] = {}
+        self._prepared: set[tuple[Problem, int]] = set()
+
+    def device(self) -> dict:
+        """Name, sm, driver and NVRTC version of the GPU (starts the worker)."""
+        if self.worker.info is None:
+            self.worker.ensure()
+        info = dict(self.worker.info)
+        info["nvrtc"] = nvrtc_version()
+        return info
+
+    @property
+    def target_arch(self) -> str:
+        return self.arch or (self.device()["sm"] if self.worker.info else default_arch())
+
+    def limits(self) -> DeviceLimits:
+        info = self.device()
+        base = DeviceLimits.for_arch(int(info["sm"][3:5]))
+        return DeviceLimits(sm=base.sm, max_smem=info["max_smem_optin"])
+
+    def baselines(self, problem: Problem) -> dict:
+        """Make the worker hold the problem's inputs and reference; time the baseline once per run."""
+        self.worker.ensure()
+        if (problem, self.worker.starts) not in self._prepared:
+            reply = self.worker.request(
+                {"op": "prepare", "problem": problem.to_dict(), "timing": self.timing,
+                 "baseline": self.baseline and problem not in self._baselines},
+                self.prepare_timeout_s,
+            )
+            if "baselines" not in reply:
+                raise RuntimeError(f"could not prepare {problem.key} on the GPU: {reply.get('evidence')}")
+            self._baselines.setdefault(problem, reply["baselines"])
+            self._prepared.add((problem, self.worker.starts))
+        return self._baselines[problem]
+
+    def run(self, built: Built, problem: Problem) -> dict:
+        if built.failure is not None:
+            return built.failure
+        baselines = self.baselines(problem)
+        probe = probe_for(problem)
+        job = {
+            "op": "evaluate",
+            "cubin": built.compiled.cubin,
+            "problem": problem.to_dict(),
+            "plan": plan(built.spec, problem).to_dict(),
+            "probe": probe.to_dict(),
+            "probe_plan": plan(built.spec, probe).to_dict(),
+            "timing": self.timing,
+        }
+        reply = self.worker.request(job, self.timeout_s)
+        if reply.get("status") != "ok":
+            return failure(reply.get("status", "worker_crash"), reply.get("evidence", ""))
+        result = failure("ok", "")
+        result.update({k: reply[k] for k in ("median_ms", "p20_ms", "p80_ms", "times_ms", "tflops", "gbps", "rel_error")})
+        named = {k: v for k, v in baselines.items() if isinstance(v, dict)}
+        result["baselines"] = named
+        result["ratio"] = {k: v["median_ms"] / result["median_ms"] for k, v in named.items()}
+        return result
+
+    def evaluate(self, spec: SimtSpec, problem: Problem) -> tuple[dict, Built]:
+        built = build(spec, problem, self.target_arch, self.limits())
+        return self.run(built, problem), built
+
+    def close(self) -> None:
+        self.worker.stop()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,150 @@
+"""One GPU worker process per device, and the orchestrator's handle on it.
+
+The orchestrator never initializes CUDA: it sends plain dicts over a pipe to a spawned process.
+A fault that poisons the context ends the worker after it reports; a hang is cut off by a
+timeout and the process is killed. Either way the next request starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+READY_TIMEOUT_S = 120.0
+
+
+def _serve(conn, ordinal: int) -> None:
+    """Worker process body."""
+    try:
+        from codegen.engine import Engine, Failure
+        from codegen.problem import Problem
+
+        engine = Engine(ordinal)
+    except Exception as e:  # no driver, no device, bad install
+        conn.send({"fatal": f"{type(e).__name__}: {e}"})
+        return
+    conn.send({"ready": engine.ctx.info.to_dict()})
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        op = msg.get("op")
+        if op == "stop":
+            return
+        try:
+            if op == "prepare":
+                reply = {"baselines": engine.prepare(Problem.from_dict(msg["problem"]), msg["baseline"], msg["timing"])}
+            elif op == "evaluate":
+                reply = engine.evaluate(msg)
+            else:
+                reply = {"status": "worker_crash", "evidence": f"unknown request {op!r}"}
+        except Failure as f:
+            reply = {"status": f.status, "evidence": f.evidence, "restart": f.restart}
+        except Exception as e:
+            sticky = getattr(e, "sticky", False)
+            reply = {
+                "status": "context_lost" if sticky else "worker_crash",
+                "evidence": "".join(traceback.format_exception(e))[-2000:],
+                "restart": True,
+            }
+        conn.send(reply)
+        if reply.get("restart"):
+            os._exit(3)  # the context may be poisoned: never reuse it
+
+
+class WorkerUnavailable(RuntimeError):
+    """The worker could not start (no GPU, no driver)."""
+
+
+class GpuWorker:
+    """Handle on the worker process of one GPU; restarts it whenever it dies or hangs."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.ordinal = ordinal
+        self.proc = None
+        self.conn = None
+        self.info: dict | None = None
+        self.starts = 0  # a new number means a fresh process with empty caches
+
+    def start(self) -> dict:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, self.ordinal), daemon=True, name=f"gemmscape-gpu{self.ordinal}")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        if not parent.poll(READY_TIMEOUT_S):
+            self.kill()
+            raise WorkerUnavailable(f"GPU worker {self.ordinal} did not start within {READY_TIMEOUT_S:.0f} s")
+        try:
+            hello = parent.recv()
+        except EOFError:
+            code = self.proc.exitcode
+            self.kill()
+            raise WorkerUnavailable(f"GPU worker {self.ordinal} died while starting (exit code {code})") from None
+        if "fatal" in hello:
+            self.kill()
+            raise WorkerUnavailable(f"GPU worker {self.ordinal} could not use the GPU: {hello['fatal']}")
+        self.info = hello["ready"]
+        self.starts += 1
+        return self.info
+
+    def ensure(self) -> None:
+        """Start the worker if it is not running (again after a kill)."""
+        if not self.alive:
+            self.kill()
+            self.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(10)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def stop(self) -> None:
+        if self.alive:
+            try:
+                self.conn.send({"op": "stop"})
+                self.proc.join(5)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+
+    def request(self, msg: dict, timeout: float) -> dict:
+        """Send one request; any way it can end comes back as a dict with a status."""
+        self.ensure()
+        started = time.monotonic()
+        try:
+            self.conn.send(msg)
+        except (OSError, BrokenPipeError) as e:
+            self.kill()
+            return {"status": "worker_crash", "evidence": f"could not reach the worker: {e}"}
+        if not self.conn.poll(timeout):
+            self.kill()
+            return {"status": "timeout", "evidence": f"no answer within {timeout:.1f} s; worker killed"}
+        try:
+            reply = self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()
+            return {"status": "worker_crash", "evidence": f"worker exited with code {code} after {time.monotonic() - started:.1f} s"}
+        if reply.get("restart"):
+            self.kill()
+        return reply
+
+    def __enter__(self) -> "GpuWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
