@@ -1,0 +1,31 @@
+"""Shared test set-up: the `gpu` tier skips where no NVIDIA GPU is visible."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+import pytest
+
+
+@functools.cache
+def gpu_visible() -> bool:
+    """Asked of nvidia-smi, so the test process itself never initializes CUDA."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_visible():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU visible (nvidia-smi -L)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
