@@ -1,0 +1,310 @@
+"""``Store``: the one door to the database. Nothing outside ``store`` writes SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Self, TypeVar
+
+from sqlalchemy import Engine, func, inspect, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from codegen.problem import Problem as ProblemKey
+from store import queries
+from store.db import ReadOnlyError, default_url, is_sqlite, make_engine, sqlite_path
+from store.models import Base, Device, Kernel, Problem, Run, Trial, utcnow
+from store.records import device_dict, kernel_dict, problem_dict, result_dict
+
+T = TypeVar("T")
+KERNEL_FIELDS = ("family", "spec", "source", "source_hash", "options", "report", "log")
+
+
+class Store:
+    """Results of every evaluation, the kernels behind them, and the searches that asked.
+
+    ``Store()`` opens ``default_url()``; ``read_only=True`` (the dashboard) refuses every write
+    and, for SQLite, opens the file with ``mode=ro`` (a missing file raises ``DatabaseMissing``).
+    """
+
+    def __init__(self, url: str | None = None, read_only: bool = False) -> None:
+        self.url = url or default_url()
+        self.read_only = read_only
+        self.engine: Engine = make_engine(self.url, read_only=read_only)
+        if not read_only:
+            Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else "read-write"
+        return f"Store({self.engine.url.render_as_string(hide_password=True)!r}, {mode})"
+
+    @property
+    def ready(self) -> bool:
+        """Whether the gemmscape tables exist (a read-only open of a foreign or empty file: False)."""
+        return inspect(self.engine).has_table(Trial.__tablename__)
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._sessions() as session:
+            try:
+                yield session
+            finally:
+                session.rollback()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        if self.read_only:
+            raise ReadOnlyError("this store was opened read-only; writes are refused")
+        with self._sessions() as session, session.begin():
+            yield session
+
+    def _get_or_create(self, find: Callable[[Session], T | None], make: Callable[[], T]) -> T:
+        """Find a row, else insert one; a concurrent insert of the same row is found on retry."""
+        with self._write() as session:
+            found = find(session)
+            if found is not None:
+                return found
+        try:
+            with self._write() as session:
+                row = make()
+                session.add(row)
+                return row
+        except IntegrityError:
+            with self._write() as session:
+                found = find(session)
+                if found is None:
+                    raise
+                return found
+
+    # ---- writes -----------------------------------------------------------------------------
+    def device(self, info: dict[str, Any]) -> int:
+        """Get or create a device from ``{"name", "sm", "driver", "nvrtc"}``; returns its id."""
+        ident = {k: str(info.get(k) or "") for k in ("name", "sm", "driver", "nvrtc")}
+        row = self._get_or_create(
+            lambda s: s.scalar(select(Device).filter_by(**ident)),
+            lambda: Device(**ident),
+        )
+        return row.id
+
+    def problem(self, p: ProblemKey) -> int:
+        """Get or create a problem by ``p.key``; ``density``/``block`` are read when ``p`` has them."""
+        row = self._get_or_create(
+            lambda s: s.scalar(select(Problem).where(Problem.key == p.key)),
+            lambda: Problem(
+                key=p.key, m=p.m, n=p.n, k=p.k, dtype=p.dtype.value, layout=p.layout.value, bias=p.bias,
+                density=float(getattr(p, "density", 1.0) or 1.0), block=getattr(p, "block", None),
+            ),
+        )  # fmt: skip
+        return row.id
+
+    def kernel(self, record: dict[str, Any]) -> int:
+        """Upsert a kernel by (name, arch); fields given later (source, report, log) fill it in."""
+        spec = record.get("spec") or {}
+        kernel_id = self._kernel_id(
+            record["name"], record.get("arch", ""), record.get("family") or spec.get("family", ""), spec
+        )
+        updates = {k: record[k] for k in KERNEL_FIELDS if record.get(k) not in (None, "", [], {})}
+        if updates:
+            with self._write() as session:
+                kernel = session.get_one(Kernel, kernel_id)
+                for key, value in updates.items():
+                    setattr(kernel, key, value)
+        return kernel_id
+
+    def _kernel_id(self, name: str, arch: str, family: str, spec: dict[str, Any]) -> int:
+        row = self._get_or_create(
+            lambda s: s.scalar(select(Kernel).where(Kernel.name == name, Kernel.arch == arch)),
+            lambda: Kernel(name=name, arch=arch, family=family, spec=dict(spec)),
+        )
+        return row.id
+
+    def start_run(
+        self,
+        problem: ProblemKey,
+        device_id: int,
+        family: str,
+        sampler: str,
+        seed: int | None,
+        budget: int | None,
+        study_name: str | None,
+        versions: dict[str, Any],
+        command: str,
+    ) -> int:
+        problem_id = self.problem(problem)
+        with self._write() as session:
+            run = Run(
+                problem_id=problem_id, device_id=device_id, family=family, sampler=sampler, seed=seed,
+                budget=budget, study_name=study_name, versions=dict(versions), command=command,
+            )  # fmt: skip
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def end_run(self, run_id: int) -> None:
+        with self._write() as session:
+            session.get_one(Run, run_id).ended = utcnow()
+
+    def add_trial(
+        self,
+        run_id: int | None,
+        kernel_name: str,
+        arch: str,
+        problem: ProblemKey,
+        device_id: int,
+        number: int | None,
+        result: dict[str, Any],
+        params: dict[str, Any],
+    ) -> int:
+        """Record one evaluation. ``result`` is the runtime's result dict (status, evidence,
+        median/p20/p80 ms, times_ms, tflops, gbps, rel_error, baselines, ratio); ``params`` is
+        the spec dict. A kernel not yet recorded is created from ``params``."""
+        kernel_id = self._kernel_id(kernel_name, arch, str(params.get("family", "")), params)
+        problem_id = self.problem(problem)
+        ratio = dict(result.get("ratio") or {})
+        with self._write() as session:
+            trial = Trial(
+                run_id=run_id, kernel_id=kernel_id, problem_id=problem_id, device_id=device_id, number=number,
+                status=result["status"], evidence=result.get("evidence") or "",
+                median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
+                times_ms=list(result.get("times_ms") or []), tflops=result.get("tflops"), gbps=result.get("gbps"),
+                rel_error=result.get("rel_error"), baselines=dict(result.get("baselines") or {}), ratios=ratio,
+                ratio_cublas=ratio.get("cublas"), params=dict(params),
+            )  # fmt: skip
+            session.add(trial)
+            session.flush()
+            return trial.id
+
+    # ---- reads ------------------------------------------------------------------------------
+    def known_result(self, problem: ProblemKey, device_id: int, kernel_name: str) -> dict[str, Any] | None:
+        """The latest stored result of this kernel on this problem and device, or None."""
+        if not self.ready:
+            return None
+        with self._read() as session:
+            q = queries.filtered_trials(problem_key=problem.key, device_id=device_id, kernel_name=kernel_name)
+            trial = session.scalar(q.order_by(Trial.id.desc()).limit(1))
+            return result_dict(trial) if trial is not None else None
+
+    def best(
+        self,
+        problem: ProblemKey | str | None = None,
+        device_id: int | None = None,
+        family: str | None = None,
+        limit: int | None = None,
+        per_problem: int = 1,
+    ) -> list[dict[str, Any]]:
+        """The fastest ok trial (by median_ms) per problem and device, as trial rows with a
+        ``rank``; ``per_problem`` > 1 gives that many distinct kernels each; ``limit`` caps rows."""
+        if not self.ready:
+            return []
+        key = problem if isinstance(problem, str) or problem is None else problem.key
+        with self._read() as session:
+            base = queries.filtered_trials(problem_key=key, device_id=device_id, family=family)
+            return queries.best_rows(session, base, per_problem, limit)
+
+    def trials(
+        self,
+        *,
+        run_id: int | None = None,
+        problem: ProblemKey | str | Iterable[str] | None = None,
+        device_id: int | None = None,
+        family: str | Iterable[str] | None = None,
+        status: str | Iterable[str] | None = None,
+        kernel_name: str | None = None,
+        name_contains: str | None = None,
+        study: str | None = None,
+        params: dict[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Trial rows matching every given filter; ``params`` matches spec values as text."""
+        if not self.ready:
+            return []
+        key = problem.key if isinstance(problem, ProblemKey) else problem
+        q = queries.filtered_trials(
+            run_id=run_id, problem_key=key, device_id=device_id, family=family, status=status,
+            kernel_name=kernel_name, name_contains=name_contains, study=study,
+        )  # fmt: skip
+        with self._read() as session:
+            return queries.trial_rows(session, q, params, limit)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every search run with its trial count, ok count and best median."""
+        if not self.ready:
+            return []
+        with self._read() as session:
+            return queries.run_rows(session)
+
+    def kernel_record(self, name: str, arch: str | None = None) -> dict[str, Any] | None:
+        """A kernel's spec, source, options, ptxas report and log (the newest arch if not given)."""
+        if not self.ready:
+            return None
+        q = select(Kernel).where(Kernel.name == name)
+        if arch is not None:
+            q = q.where(Kernel.arch == arch)
+        with self._read() as session:
+            kernel = session.scalar(q.order_by(Kernel.id.desc()).limit(1))
+            return kernel_dict(kernel) if kernel is not None else None
+
+    def kernels(self, family: str | None = None) -> list[dict[str, Any]]:
+        """Kernel summaries (no source text) with how many trials each has."""
+        if not self.ready:
+            return []
+        q = select(Kernel).order_by(Kernel.name, Kernel.arch)
+        if family is not None:
+            q = q.where(Kernel.family == family)
+        with self._read() as session:
+            counts = queries.kernel_trial_counts(session)
+            return [
+                {"id": k.id, "name": k.name, "family": k.family, "arch": k.arch, "trials": counts.get(k.id, 0),
+                 "compiled": k.source is not None}
+                for k in session.scalars(q)
+            ]  # fmt: skip
+
+    def problems(self) -> list[dict[str, Any]]:
+        if not self.ready:
+            return []
+        with self._read() as session:
+            return [problem_dict(p) for p in session.scalars(select(Problem).order_by(Problem.key))]
+
+    def devices(self) -> list[dict[str, Any]]:
+        if not self.ready:
+            return []
+        with self._read() as session:
+            return [device_dict(d) for d in session.scalars(select(Device).order_by(Device.id))]
+
+    def count_trials(self, run: int | str, evaluated_only: bool = False) -> int:
+        """Trials of a run (by id) or of every run of a study (by name); ``evaluated_only``
+        leaves out ``invalid`` points, which cost no budget."""
+        if not self.ready:
+            return 0
+        q = select(func.count(Trial.id))
+        if isinstance(run, int):
+            q = q.where(Trial.run_id == run)
+        else:
+            q = q.where(Trial.run_id.in_(select(Run.id).where(Run.study_name == run)))
+        if evaluated_only:
+            q = q.where(Trial.status != "invalid")
+        with self._read() as session:
+            return int(session.scalar(q) or 0)
+
+    # ---- Optuna beside the results ----------------------------------------------------------
+    def optuna_url(self) -> str:
+        """The URL for Optuna's RDBStorage: this same database (its tables do not clash)."""
+        path = sqlite_path(self.url)
+        if path is not None:
+            return f"sqlite:///{path.resolve()}"
+        return self.engine.url.render_as_string(hide_password=False)
+
+    def optuna_engine_kwargs(self) -> dict[str, Any]:
+        """``engine_kwargs`` for ``optuna.storages.RDBStorage`` (a busy timeout on SQLite)."""
+        return {"connect_args": {"timeout": 30}} if is_sqlite(self.url) else {"pool_pre_ping": True}

@@ -1,0 +1,95 @@
+"""Where the database lives and how an engine for it is opened.
+
+The default is a SQLite file at ``~/.local/share/gemmscape/gemmscape.db``; the environment
+variable ``GEMMSCAPE_DB`` (a SQLAlchemy URL) overrides it. SQLite files are opened in WAL
+mode with a busy timeout, so a dashboard can read while a search writes. Any other URL
+(PostgreSQL) is passed to SQLAlchemy as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+from sqlalchemy import URL, Engine, create_engine, event, make_url
+
+ENV_VAR = "GEMMSCAPE_DB"
+BUSY_TIMEOUT_S = 30
+
+
+class StoreError(RuntimeError):
+    """A problem with the database that the user can act on; the message says how."""
+
+
+class DatabaseMissing(StoreError):
+    """Read-only open of a SQLite file that does not exist."""
+
+
+class ReadOnlyError(StoreError):
+    """A write was attempted through a store opened read-only."""
+
+
+def default_path() -> Path:
+    return Path.home() / ".local" / "share" / "gemmscape" / "gemmscape.db"
+
+
+def default_url() -> str:
+    """``$GEMMSCAPE_DB`` if set, else the SQLite file under ``~/.local/share/gemmscape``."""
+    return os.environ.get(ENV_VAR) or f"sqlite:///{default_path()}"
+
+
+def sqlite_path(url: str | URL) -> Path | None:
+    """The file behind a SQLite URL; None for in-memory SQLite or another backend."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database).expanduser()
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _sqlite_pragmas(engine: Engine, read_only: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if not read_only:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+
+def _read_only_sqlite_url(path: Path) -> URL:
+    if not path.exists():
+        raise DatabaseMissing(
+            f"No gemmscape database at {path}. Run a search first (`codegen search ...`), "
+            f"or point to an existing one with --db URL or the {ENV_VAR} environment variable."
+        )
+    return URL.create("sqlite", database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
+
+
+def make_engine(url: str, read_only: bool = False) -> Engine:
+    """An engine for ``url``; read-only SQLite opens the file with ``mode=ro``."""
+    if not is_sqlite(url):
+        engine = create_engine(url, pool_pre_ping=True)
+        if read_only and engine.dialect.name == "postgresql":
+            engine = engine.execution_options(postgresql_readonly=True)
+        return engine
+    path = sqlite_path(url)
+    if path is None:
+        if read_only:
+            raise StoreError(f"read-only mode needs a SQLite file, not {url!r}")
+        engine = create_engine(url)
+    elif read_only:
+        engine = create_engine(_read_only_sqlite_url(path), connect_args={"timeout": BUSY_TIMEOUT_S})
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
+    _sqlite_pragmas(engine, read_only)
+    return engine

@@ -1,0 +1,121 @@
+"""Typed declarative models of what gemmscape records.
+
+Tables carry a ``gs_`` prefix because Optuna's RDBStorage keeps its own ``trials`` and
+``studies`` tables in the same database (see ``Store.optuna_url``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Device(Base):
+    __tablename__ = "gs_devices"
+    __table_args__ = (UniqueConstraint("name", "sm", "driver", "nvrtc", name="uq_device_identity"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    sm: Mapped[str] = mapped_column(String(32))
+    driver: Mapped[str] = mapped_column(String(64), default="")
+    nvrtc: Mapped[str] = mapped_column(String(64), default="")
+
+
+class Problem(Base):
+    __tablename__ = "gs_problems"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    m: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(String(32))
+    bias: Mapped[bool] = mapped_column(Boolean, default=False)
+    density: Mapped[float] = mapped_column(Float, default=1.0)
+    block: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Kernel(Base):
+    __tablename__ = "gs_kernels"
+    __table_args__ = (UniqueConstraint("name", "arch", name="uq_kernel_name_arch"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(400), index=True)
+    family: Mapped[str] = mapped_column(String(32), index=True)
+    arch: Mapped[str] = mapped_column(String(32))
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    source: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_hash: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    options: Mapped[list[Any]] = mapped_column(default=list)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    log: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Run(Base):
+    """One search: a sampler with a seed and a budget over one problem on one device."""
+
+    __tablename__ = "gs_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("gs_problems.id"), index=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("gs_devices.id"))
+    family: Mapped[str] = mapped_column(String(32))
+    sampler: Mapped[str] = mapped_column(String(32))
+    seed: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    budget: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    study_name: Mapped[str | None] = mapped_column(String(400), nullable=True, index=True)
+    versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    command: Mapped[str] = mapped_column(Text, default="")
+    started: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    problem: Mapped[Problem] = relationship()
+    device: Mapped[Device] = relationship()
+
+
+class Trial(Base):
+    """One evaluation of one kernel on one problem and device; failures are results too."""
+
+    __tablename__ = "gs_trials"
+    __table_args__ = (
+        Index("ix_trial_problem_device_status", "problem_id", "device_id", "status"),
+        Index("ix_trial_kernel_problem_device", "kernel_id", "problem_id", "device_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("gs_runs.id"), nullable=True, index=True)
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("gs_kernels.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("gs_problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("gs_devices.id"))
+    number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    evidence: Mapped[str] = mapped_column(Text, default="")
+    median_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p20_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p80_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    times_ms: Mapped[list[Any]] = mapped_column(default=list)
+    tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gbps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rel_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baselines: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ratios: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ratio_cublas: Mapped[float | None] = mapped_column(Float, nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run | None] = relationship()
+    kernel: Mapped[Kernel] = relationship()
+    problem: Mapped[Problem] = relationship()
+    device: Mapped[Device] = relationship()
