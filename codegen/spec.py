@@ -136,11 +136,11 @@ class SimtSpec:
     @property
     def a_loads(self) -> int:
         """Global vector loads of the X tile per thread per k-step."""
-        return self.bm * self.bk // self.vec // max(self.threads, 1)
+        return -(-self.bm * self.bk // self.vec // max(self.threads, 1))
 
     @property
     def w_loads(self) -> int:
-        return self.bn * self.bk // self.vec // max(self.threads, 1)
+        return -(-self.bn * self.bk // self.vec // max(self.threads, 1))
 
     @property
     def smem_bytes(self) -> int:
@@ -192,13 +192,6 @@ class SimtSpec:
         else:
             if self.bk % self.vec:
                 why.append(f"vec {self.vec} does not divide bk {self.bk}")
-            for side, tile in (("X", self.bm), ("W", self.bn)):
-                vectors = tile * self.bk // self.vec
-                if vectors % self.threads:
-                    why.append(
-                        f"{side} tile {tile}x{self.bk} is {vectors} loads of {self.vec}, "
-                        f"not a multiple of {self.threads} threads"
-                    )
             if (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
             if self.smem_bytes > limits.max_smem:

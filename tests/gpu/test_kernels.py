@@ -1,0 +1,139 @@
+"""GPU tier: generated SIMT kernels are correct on awkward shapes; faults end as statuses."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from codegen.compile import compile_source
+from codegen.evaluate import Built, Evaluator
+from codegen.problem import DType, Problem
+from codegen.render import environment, template_values
+from codegen.spec import SimtSpec
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1, 1), (32, 4096, 4096), (67, 45, 91), (4097, 4095, 4093)]
+QUICK = {"reps_min": 3, "reps_max": 3, "target_ms": 1.0}
+
+NAIVE = dict(bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=0)
+TILED16 = dict(bm=16, bn=16, bk=16, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=1)
+TILED32 = dict(bm=32, bn=32, bk=32, wm=4, wn=8, tm=1, tn=1, pad=1, vec=1, stages=1)
+BIG = dict(bm=128, bn=128, bk=8, wm=32, wn=64, tm=8, tn=8, pad=4, vec=4, stages=2)
+VARIANTS = [
+    NAIVE,
+    TILED16,
+    TILED32,
+    BIG,
+    dict(BIG, stages=1),
+    dict(BIG, vec=2, pad=0),
+    dict(BIG, vec=1, group_m=8),
+    dict(BIG, bk=16, group_m=4),
+    dict(bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=2),
+    dict(bm=64, bn=128, bk=8, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=2),
+    dict(bm=32, bn=64, bk=32, wm=16, wn=32, tm=2, tn=8, pad=4, vec=4, stages=2),
+    dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=0, vec=4, stages=2, split_k=4, reduce="atomic"),
+    dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=2, split_k=3, reduce="two_pass"),
+    dict(bm=16, bn=64, bk=64, wm=16, wn=16, tm=2, tn=4, pad=4, vec=4, stages=2, split_k=8, reduce="two_pass"),
+    dict(bm=64, bn=32, bk=8, wm=32, wn=16, tm=4, tn=4, pad=4, vec=4, stages=1),
+]
+HALF_VARIANTS = [
+    dict(BIG, vec=8, bk=16),
+    dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=8, stages=2, split_k=4, reduce="two_pass"),
+]
+CASES = [(DType.fp32, bias, v) for v in VARIANTS for bias in (False, True)] + [
+    (dt, bias, v) for dt in (DType.fp16, DType.bf16) for v in HALF_VARIANTS for bias in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=120.0) as ev:
+        yield ev
+
+
+def test_case_count():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("dtype,bias,params", CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_correct_on_all_shapes(evaluator, dtype, bias, params):
+    spec = SimtSpec(dtype=dtype, bias=bias, **params)
+    for m, n, k in SHAPES:
+        problem = Problem(m, n, k, dtype, bias=bias)
+        result, built = evaluator.evaluate(spec, problem)
+        if result["status"] == "invalid" and "k-tiles" in result["evidence"]:
+            continue  # split-K finer than K: rejected before compile, by design
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] <= dtype.rel_tol
+        assert result["median_ms"] > 0
+
+
+def _planted(body: str, spec: SimtSpec) -> Built:
+    source = (
+        f'extern "C" __global__ void {spec.name}(float* Y, const float* X, const float* W, const float* B,'
+        f" float* WS, int M, int N, int K) {{ {body} }}"
+    )
+    return Built(spec, source, compile_source(source, spec.name, use_cache=False))
+
+
+def test_faults_are_statuses_and_the_next_evaluation_succeeds():
+    spec = SimtSpec(**BIG)
+    problem = Problem(256, 256, 256)
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=10.0) as ev:
+        out_of_bounds = _planted("Y[threadIdx.x + (1ll << 40)] = 1.0f;", spec)
+        assert ev.run(out_of_bounds, problem)["status"] == "runtime_error"
+        assert ev.evaluate(spec, problem)[0]["status"] == "ok"
+
+        hang = _planted("volatile int spin = 1; while (spin) { }", spec)
+        result = ev.run(hang, problem)
+        assert result["status"] == "timeout", result
+        assert ev.evaluate(spec, problem)[0]["status"] == "ok"
+
+        garbage = _planted("int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < M * N) Y[i] = 1.0f;", spec)
+        assert ev.run(garbage, problem)["status"] == "wrong_result"
+
+        lazy = _planted("", spec)
+        assert ev.run(lazy, problem)["status"] == "nan_or_inf"
+        assert ev.evaluate(spec, problem)[0]["status"] == "ok"
+        assert ev.worker.starts == 3  # the fault and the hang each cost one worker
+
+
+def test_too_many_resources_is_a_status():
+    # 264 KiB of shared memory: check() rejects it, so render it unchecked to plant the launch.
+    spec = SimtSpec(bm=128, bn=128, bk=128, wm=32, wn=64, tm=8, tn=8, pad=4, vec=4, stages=2)
+    problem = Problem(512, 512, 512)
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=30.0) as ev:
+        assert any("shared memory" in r for r in spec.check(problem, ev.limits()))
+        text = environment().get_template("simt.cu.j2").render(**template_values(spec))
+        built = Built(spec, text, compile_source(text, spec.name, use_cache=False))
+        result = ev.run(built, problem)
+        assert result["status"] == "launch_out_of_resources", result
+        assert ev.evaluate(SimtSpec(**BIG), problem)[0]["status"] == "ok"
+
+
+def test_bench_cli_prints_one_line_with_the_baseline():
+    pytest.importorskip("torch")
+    out = subprocess.run(
+        [sys.executable, "-m", "codegen", "bench", "--m", "67", "--n", "45", "--k", "91", "--bias",
+         "--bm", "32", "--bn", "32", "--bk", "32", "--wm", "4", "--wn", "8", "--tm", "1", "--tn", "1",
+         "--pad", "1", "--vec", "1", "--stages", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and " ok " in lines[0] and "cublas" in lines[0], out.stdout
+
+
+@pytest.mark.parametrize("m,n,k", list(itertools.islice(SHAPES, 4)))
+def test_cublas_baseline_timed_in_the_same_run(m, n, k):
+    pytest.importorskip("torch")
+    problem = Problem(m, n, k)
+    with Evaluator(baseline=True, timing=QUICK) as ev:
+        result, _ = ev.evaluate(SimtSpec(**BIG), problem)
+    assert result["status"] == "ok", result["evidence"]
+    assert result["baselines"]["cublas"]["median_ms"] > 0
+    assert result["ratio"]["cublas"] == pytest.approx(result["baselines"]["cublas"]["median_ms"] / result["median_ms"])
