@@ -1,0 +1,137 @@
+"""Benchmark suites: our best kernel and its baseline, timed side by side in one run.
+
+    python3 -m benchmarks.run --suite simt [--out DIR]
+
+Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR.
+Each problem's candidates are hand-picked specs; the fastest correct one is "ours".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from codegen.evaluate import DEFAULT_TIMING, Evaluator, build
+from codegen.problem import DType, Problem
+from codegen.spec import SimtSpec
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+_SQ = dict(bm=128, bn=128, bk=8, wm=32, wn=64, tm=8, tn=8, pad=4, vec=4, stages=2)
+_SKINNY = dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=2)
+
+#: suite -> [(problem, [candidate spec params])]
+SUITES: dict[str, list[tuple[Problem, list[dict]]]] = {
+    "simt": [
+        (
+            Problem(4096, 4096, 4096),
+            [
+                _SQ,
+                dict(_SQ, group_m=8),
+                dict(_SQ, bk=16),
+                dict(_SQ, bk=16, group_m=8),
+                dict(_SQ, pad=0),
+                dict(_SQ, bm=256, group_m=8),
+                dict(_SQ, bn=256, wn=64, wm=32, tm=8, tn=8, group_m=8),
+                dict(_SQ, bm=64, bn=128, wm=32, wn=64, bk=16),
+            ],
+        ),
+        (
+            Problem(32, 4096, 4096),
+            [
+                dict(_SKINNY, split_k=4, reduce="atomic"),
+                dict(_SKINNY, split_k=4, reduce="two_pass"),
+                dict(_SKINNY, bk=64, split_k=4, reduce="atomic"),
+                dict(_SKINNY, split_k=8, reduce="atomic"),
+                dict(bm=32, bn=64, bk=64, wm=32, wn=16, tm=4, tn=4, pad=4, vec=4, stages=2, split_k=4, reduce="atomic"),
+                dict(bm=32, bn=64, bk=32, wm=32, wn=16, tm=4, tn=4, pad=4, vec=4, stages=2, split_k=2, reduce="atomic"),
+                dict(_SQ, bm=32, wm=32, bn=128, wn=32, tm=4, tn=8, bk=32),
+            ],
+        ),
+    ],
+}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name, dist in (("gemmscape", "gemmscape"), ("cuda-bindings", "cuda-bindings"), ("torch", "torch")):
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    if out["gemmscape"] is None:
+        out["gemmscape"] = "source tree"
+    return out
+
+
+def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
+    records = []
+    with Evaluator(timing=timing, timeout_s=120.0) as ev:
+        device = ev.device()
+        arch, limits = ev.target_arch, ev.limits()
+        for problem, candidates in SUITES[name]:
+            tried = []
+            for params in candidates:
+                spec = SimtSpec(dtype=problem.dtype, bias=problem.bias, **params)
+                result = ev.run(build(spec, problem, arch, limits), problem)
+                tried.append((spec, result))
+                line = f"{problem.key:28s} {spec.name:60s} {result['status']}"
+                if result["status"] == "ok":
+                    line += f" {result['median_ms'] * 1e3:9.1f} us {result['tflops']:6.2f} TFLOP/s ratio {result['ratio'].get('cublas', float('nan')):.3f}"
+                print(line, flush=True)
+            ok = [(s, r) for s, r in tried if r["status"] == "ok"]
+            record = {"problem": {**problem.to_dict(), "density": 1.0, "block": None}}
+            record["candidates"] = [
+                {"kernel": s.name, "status": r["status"], "median_ms": r["median_ms"], "evidence": r["evidence"][-300:]}
+                for s, r in tried
+            ]
+            if ok:
+                spec, best = min(ok, key=lambda sr: sr[1]["median_ms"])
+                record["ours"] = {
+                    "kernel": spec.name,
+                    **{k: best[k] for k in ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error")},
+                    "search": {"sampler": "hand", "candidates": len(candidates)},
+                }
+                record["baselines"] = best["baselines"]
+                record["ratio"] = best["ratio"]
+            records.append(record)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    doc = {
+        "suite": name,
+        "date": stamp,
+        "device": device["name"],
+        "versions": {**versions(), "nvrtc": device["nvrtc"], "driver": device["driver"], "sm": device["sm"]},
+        "command": "python3 -m benchmarks.run " + " ".join(sys.argv[1:]),
+        "timing": timing,
+        "records": records,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{re.sub(r'[^A-Za-z0-9]+', '_', device['name'])}-{stamp.replace(':', '')}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    for r in records:
+        if "ours" in r:
+            print(f"{Problem.from_dict(r['problem']).key:28s} best {r['ours']['kernel']}  {r['ours']['tflops']:.2f} TFLOP/s"
+                  f"  ratio to cuBLAS {r['ratio'].get('cublas', float('nan')):.3f}")
+    print(f"wrote {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="simt")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--reps-min", type=int, default=DEFAULT_TIMING["reps_min"])
+    args = parser.parse_args(argv)
+    timing = dict(DEFAULT_TIMING, reps_min=args.reps_min)
+    run_suite(args.suite, args.out, timing)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
