@@ -1,0 +1,110 @@
+"""Kernel: spec, ptxas report, source, compile log, timing spread, and the exported files."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app import ui
+from store import Store
+
+
+def choose_kernel(store: Store) -> str | None:
+    kernels = store.kernels()
+    if not kernels:
+        return None
+    names = sorted({k["name"] for k in kernels})
+    best = store.best(limit=1)
+    wanted = st.query_params.get("kernel") or (best[0]["kernel"] if best else names[0])
+    index = names.index(wanted) if wanted in names else 0
+    return st.sidebar.selectbox("Kernel", names, index=index, key="kernel_name")
+
+
+def export_downloads(store: Store, name: str) -> None:
+    try:
+        from codegen.export import export_kernel
+    except ImportError:
+        st.info("Export is not available in this build (`codegen.export` is missing); `codegen export` will be.")
+        return
+    try:
+        cu, manifest = export_kernel(store, name)
+    except Exception as err:  # noqa: BLE001 - export says why it refuses; show it, never a traceback
+        st.warning(f"Could not export {name}: {err}")
+        return
+    left, right = st.columns(2)
+    left.download_button(f"Download {name}.cu", cu, file_name=f"{name}.cu", mime="text/plain", key="kernel_cu")
+    right.download_button(f"Download {name}.json", manifest, file_name=f"{name}.json", mime="application/json",
+                          key="kernel_json")  # fmt: skip
+
+
+def timing_spread(store: Store, name: str) -> None:
+    ok = store.trials(kernel_name=name, status="ok")
+    if not ok:
+        st.info("No ok measurement of this kernel.")
+        return
+    samples = [{"problem": t["problem"], "trial": t["id"], "ms": ms} for t in ok for ms in t["times_ms"]]
+    if samples:
+        chart = (
+            alt.Chart(pd.DataFrame(samples))
+            .mark_boxplot(extent="min-max")
+            .encode(x=alt.X("problem:N"), y=alt.Y("ms:Q", title="time per repetition (ms)", scale=alt.Scale(zero=False)))
+        )  # fmt: skip
+        st.altair_chart(chart, width="stretch")
+    columns = [
+        "id",
+        "problem",
+        "device",
+        "median_ms",
+        "p20_ms",
+        "p80_ms",
+        "tflops",
+        "gbps",
+        "rel_error",
+        "ratio_cublas",
+    ]
+    table = pd.DataFrame([{c: t[c] for c in columns} | {"repetitions": len(t["times_ms"])} for t in ok])
+    st.dataframe(table, hide_index=True, width="stretch")
+
+
+def page(store: Store) -> None:
+    st.title("Kernel")
+    name = choose_kernel(store)
+    if name is None:
+        st.info("No kernels recorded yet.")
+        return
+    arches = sorted({k["arch"] for k in store.kernels() if k["name"] == name})
+    arch = st.sidebar.selectbox("Arch", arches, key="kernel_arch") if len(arches) > 1 else arches[0]
+    record = store.kernel_record(name, arch)
+    st.code(name, language=None)
+    st.caption(f"family {record['family']} · {record['arch']} · source hash {record['source_hash'] or '–'}")
+
+    spec_col, report_col = st.columns(2)
+    with spec_col:
+        st.subheader("Spec")
+        st.json(record["spec"], expanded=True)
+    with report_col:
+        st.subheader("ptxas report")
+        if record["report"]:
+            st.dataframe(pd.DataFrame.from_dict(record["report"], orient="index"), width="stretch")
+        else:
+            st.info("No ptxas report: this kernel was never compiled.")
+        st.markdown("**Compile options**")
+        st.code(" ".join(record["options"]) or "–", language=None)
+
+    st.subheader("Timing spread")
+    timing_spread(store, name)
+
+    st.subheader("Source")
+    if record["source"]:
+        st.code(record["source"], language="cpp", line_numbers=True)
+    else:
+        st.info("No source stored: the point was rejected before it was rendered and compiled.")
+    with st.expander("Compile log", expanded=False):
+        st.code(record["log"] or "(empty)", language="text")
+
+    st.subheader("Export")
+    export_downloads(store, name)
+
+
+ui.guarded(page)

@@ -1,0 +1,95 @@
+"""Overview: problems and devices, the best kernel per problem, its roofline place and ratios."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app import ui
+from app.frames import ratio_columns
+from app.roofline import ceilings_for, place
+from store import Store
+
+
+def best_table(best: list[dict]) -> pd.DataFrame:
+    rows = []
+    for b in best:
+        where = place(b)
+        rows.append({
+            "problem": b["problem"], "device": b["device"], "kernel": b["kernel"], "median ms": b["median_ms"],
+            "TFLOP/s": b["tflops"], "GB/s": b["gbps"], "bound": where["bound"] or "–",
+            "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
+            "of roofline": ui.pct(where["of_roofline"]), "ceilings": where["ceilings"],
+        })  # fmt: skip
+    return pd.concat([pd.DataFrame(rows), ratio_columns(best)], axis=1)
+
+
+def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
+    """Log-log roofline of one device: the ceilings as lines, the best kernels as points."""
+    limits = ceilings_for(device)
+    points = [{**b, "intensity": place(b)["intensity"]} for b in best if b["device"] == device]
+    points = [p for p in points if p["intensity"] and p["tflops"]]
+    if limits is None or not points:
+        return None
+    xs = [0.5, 10_000.0]
+    for dtype in sorted({p["dtype"] for p in points}):
+        if dtype in limits.compute:
+            ridge = limits.compute[dtype].value / limits.bandwidth.value
+            xs.append(ridge)
+    lines = []
+    for dtype, ceiling in limits.compute.items():
+        for x in sorted(xs):
+            lines.append({"ceiling": f"{dtype} peak", "intensity": x,
+                          "TFLOP/s": min(ceiling.value, x * limits.bandwidth.value)})  # fmt: skip
+    log_x = alt.Scale(type="log")
+    roof = (
+        alt.Chart(pd.DataFrame(lines))
+        .mark_line(strokeDash=[4, 3])
+        .encode(x=alt.X("intensity", scale=log_x, title="FLOP per byte"), y=alt.Y("TFLOP/s", scale=alt.Scale(type="log")),
+                color=alt.Color("ceiling", title="roofline"))
+    )  # fmt: skip
+    dots = (
+        alt.Chart(pd.DataFrame([{k: p[k] for k in ("problem", "kernel", "intensity", "tflops", "dtype")} for p in points]))
+        .mark_point(filled=True, size=90, color="black")
+        .encode(x="intensity", y=alt.Y("tflops", title="TFLOP/s"), shape="dtype", tooltip=["problem", "kernel", "tflops"])
+    )  # fmt: skip
+    return roof + dots
+
+
+def page(store: Store) -> None:
+    st.title("Overview")
+    problems, devices, runs, kernels = store.problems(), store.devices(), store.runs(), store.kernels()
+    cols = st.columns(5)
+    for col, (label, value) in zip(
+        cols, [("problems", len(problems)), ("devices", len(devices)), ("kernels", len(kernels)),
+               ("runs", len(runs)), ("trials", sum(k["trials"] for k in kernels))], strict=True,
+    ):  # fmt: skip
+        col.metric(label, value)
+
+    st.subheader("Best kernel per problem")
+    best = store.best()
+    if not best:
+        st.info("No trial has finished ok yet: see the Failures page for what went wrong.")
+    else:
+        st.dataframe(best_table(best), hide_index=True, width="stretch")
+        st.caption("Roofline place: measured TFLOP/s against min(compute peak, FLOP/byte × bandwidth). "
+                   "`vs cublas` = cuBLAS median / ours, above 1 means we are faster.")  # fmt: skip
+        for device in sorted({b["device"] for b in best}):
+            chart = roofline_chart(best, device)
+            if chart is None:
+                st.caption(f"{device}: roofline ceilings unknown for this device.")
+            else:
+                st.markdown(f"**Roofline: {device}**")
+                st.altair_chart(chart, width="stretch")
+
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Problems")
+        st.dataframe(pd.DataFrame(problems).drop(columns=["id"]), hide_index=True)
+    with right:
+        st.subheader("Devices")
+        st.dataframe(pd.DataFrame(devices).drop(columns=["id"]), hide_index=True)
+
+
+ui.guarded(page)

@@ -1,0 +1,65 @@
+"""Where a result sits against a device's two roofline limits: compute rate and bandwidth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codegen.problem import Problem
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    value: float  # TFLOP/s for compute, TB/s for bandwidth
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceCeilings:
+    bandwidth: Ceiling
+    compute: dict[str, Ceiling]  # by dtype
+
+
+# Figures from the project's anchors (shared/ANCHORS.md).
+CEILINGS: dict[str, DeviceCeilings] = {
+    "nvidia h200": DeviceCeilings(
+        bandwidth=Ceiling(4.27, "device-to-device copy, measured"),
+        compute={
+            "fp32": Ceiling(67.0, "fp32 SIMT, datasheet"),
+            "fp16": Ceiling(989.0, "fp16 tensor cores, datasheet"),
+            "bf16": Ceiling(989.0, "bf16 tensor cores, datasheet"),
+        },
+    ),
+}
+
+
+def ceilings_for(device_name: str) -> DeviceCeilings | None:
+    return CEILINGS.get(device_name.strip().lower())
+
+
+def place(row: dict) -> dict[str, object]:
+    """Roofline place of one trial row (needs m, n, k, dtype, bias, density, device, tflops, gbps)."""
+    out: dict[str, object] = {"intensity": None, "bound": None, "of_compute": None, "of_bandwidth": None,
+                              "of_roofline": None, "ceilings": "unknown for this device"}  # fmt: skip
+    try:
+        problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), dtype=row["dtype"], bias=bool(row["bias"]))
+    except ValueError:  # a dtype this version does not know
+        return out
+    flops = problem.flops * float(row.get("density") or 1.0)
+    intensity = flops / problem.min_bytes
+    out["intensity"] = intensity
+    limits = ceilings_for(str(row["device"]))
+    compute = limits.compute.get(str(row["dtype"])) if limits else None
+    if limits is None or compute is None:
+        return out
+    ridge = compute.value / limits.bandwidth.value  # FLOP per byte where the two limits meet
+    attainable = min(compute.value, intensity * limits.bandwidth.value)  # TFLOP/s
+    tflops, gbps = row.get("tflops"), row.get("gbps")
+    out.update(
+        bound="memory" if intensity < ridge else "compute",
+        ceilings=f"{compute.value:g} TFLOP/s ({compute.source}); {limits.bandwidth.value:g} TB/s "
+        f"({limits.bandwidth.source})",
+        of_compute=tflops / compute.value if tflops is not None else None,
+        of_bandwidth=gbps / (limits.bandwidth.value * 1000.0) if gbps is not None else None,
+        of_roofline=tflops / attainable if tflops is not None else None,
+    )
+    return out
