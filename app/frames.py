@@ -8,8 +8,8 @@ import pandas as pd
 
 SPEC_PREFIX = "spec."
 TRIAL_COLUMNS = [
-    "id", "run_id", "number", "problem", "device", "family", "kernel", "status", "median_ms", "p20_ms",
-    "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "evidence", "created",
+    "id", "problem", "status", "tflops", "median_ms", "gbps", "ratio_cublas", "rel_error", "p20_ms", "p80_ms",
+    "kernel", "device", "family", "run_id", "number", "evidence", "created",
 ]  # fmt: skip
 
 

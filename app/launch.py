@@ -21,7 +21,7 @@ def command(port: int) -> list[str]:
     return [
         sys.executable, "-m", "streamlit", "run", str(ENTRY),
         "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
-        "--browser.gatherUsageStats", "false",
+        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
     ]  # fmt: skip
 
 

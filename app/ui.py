@@ -38,7 +38,7 @@ def open_store() -> Store:
         st.error(f"Could not read the database: {err}")
         st.markdown(GUIDANCE)
         st.stop()
-    st.sidebar.caption(f"Database (read-only): `{store.engine.url.render_as_string(hide_password=True)}`")
+    st.sidebar.caption(f"Database (read-only): `{store.location}`")
     if not ready:
         st.info("The database exists but holds no trials.")
         st.markdown(GUIDANCE)

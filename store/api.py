@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Engine, func, inspect, select
+from sqlalchemy import Engine, func, inspect, make_url, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,7 +47,12 @@ class Store:
 
     def __repr__(self) -> str:
         mode = "read-only" if self.read_only else "read-write"
-        return f"Store({self.engine.url.render_as_string(hide_password=True)!r}, {mode})"
+        return f"Store({self.location!r}, {mode})"
+
+    @property
+    def location(self) -> str:
+        """The database URL as given, with any password hidden (safe to show)."""
+        return make_url(self.url).render_as_string(hide_password=True)
 
     @property
     def ready(self) -> bool:

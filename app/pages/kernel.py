@@ -86,7 +86,7 @@ def page(store: Store) -> None:
     with report_col:
         st.subheader("ptxas report")
         if record["report"]:
-            st.dataframe(pd.DataFrame.from_dict(record["report"], orient="index"), width="stretch")
+            st.dataframe(pd.DataFrame.from_dict(record["report"], orient="columns"), width="stretch")
         else:
             st.info("No ptxas report: this kernel was never compiled.")
         st.markdown("**Compile options**")

@@ -11,18 +11,25 @@ from app.frames import ratio_columns
 from app.roofline import ceilings_for, place
 from store import Store
 
+NUMBER_FORMATS = {
+    "TFLOP/s": st.column_config.NumberColumn(format="%.2f"),
+    "GB/s": st.column_config.NumberColumn(format="%.1f"),
+    "median ms": st.column_config.NumberColumn(format="%.4f"),
+}
+
 
 def best_table(best: list[dict]) -> pd.DataFrame:
     rows = []
     for b in best:
         where = place(b)
         rows.append({
-            "problem": b["problem"], "device": b["device"], "kernel": b["kernel"], "median ms": b["median_ms"],
-            "TFLOP/s": b["tflops"], "GB/s": b["gbps"], "bound": where["bound"] or "–",
+            "problem": b["problem"], "device": b["device"], "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
+            "of roofline": ui.pct(where["of_roofline"]), "bound": where["bound"] or "–",
             "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
-            "of roofline": ui.pct(where["of_roofline"]), "ceilings": where["ceilings"],
+            "median ms": b["median_ms"], "kernel": b["kernel"], "ceilings": where["ceilings"],
         })  # fmt: skip
-    return pd.concat([pd.DataFrame(rows), ratio_columns(best)], axis=1)
+    table = pd.DataFrame(rows)
+    return pd.concat([table.iloc[:, :5], ratio_columns(best), table.iloc[:, 5:]], axis=1)
 
 
 def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
@@ -37,11 +44,14 @@ def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
         if dtype in limits.compute:
             ridge = limits.compute[dtype].value / limits.bandwidth.value
             xs.append(ridge)
-    lines = []
+    by_value: dict[float, list[str]] = {}
     for dtype, ceiling in limits.compute.items():
+        by_value.setdefault(ceiling.value, []).append(dtype)
+    lines = []
+    for value, dtypes in by_value.items():
         for x in sorted(xs):
-            lines.append({"ceiling": f"{dtype} peak", "intensity": x,
-                          "TFLOP/s": min(ceiling.value, x * limits.bandwidth.value)})  # fmt: skip
+            lines.append({"ceiling": f"{'/'.join(dtypes)} peak", "intensity": x,
+                          "TFLOP/s": min(value, x * limits.bandwidth.value)})  # fmt: skip
     log_x = alt.Scale(type="log")
     roof = (
         alt.Chart(pd.DataFrame(lines))
@@ -72,7 +82,7 @@ def page(store: Store) -> None:
     if not best:
         st.info("No trial has finished ok yet: see the Failures page for what went wrong.")
     else:
-        st.dataframe(best_table(best), hide_index=True, width="stretch")
+        st.dataframe(best_table(best), hide_index=True, width="stretch", column_config=NUMBER_FORMATS)
         st.caption("Roofline place: measured TFLOP/s against min(compute peak, FLOP/byte × bandwidth). "
                    "`vs cublas` = cuBLAS median / ours, above 1 means we are faster.")  # fmt: skip
         for device in sorted({b["device"] for b in best}):

@@ -52,7 +52,7 @@ def page(store: Store) -> None:
     if frame.empty:
         st.info("No trials match these filters.")
         return
-    st.caption(f"{len(frame)} trials match.")
+    st.caption(f"Trials matching the filters: {len(frame)}")
 
     sortable = [c for c in frame.columns if c not in ("evidence",)]
     left, right = st.columns([3, 1])
@@ -67,7 +67,8 @@ def page(store: Store) -> None:
     if ok.empty or not params:
         st.info("No ok trial among the matches to chart.")
     else:
-        x = st.selectbox("Parameter", params, format_func=lambda c: c.removeprefix(SPEC_PREFIX), key="trials_x")
+        varying = [c for c in params if ok[c].astype(str).nunique() > 1] or params
+        x = st.selectbox("Parameter", varying, format_func=lambda c: c.removeprefix(SPEC_PREFIX), key="trials_x")
         data = ok[[x, "tflops", "problem", "kernel"]].rename(columns={x: "value"}).astype({"value": str})
         chart = (
             alt.Chart(data)

@@ -1,0 +1,168 @@
+"""Streamlit AppTest drives every page on the fixture database, filters included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, SOURCE, build
+from streamlit.testing.v1 import AppTest
+
+from store import Store
+
+TIMEOUT = 60
+
+
+def open_page(name: str) -> AppTest:
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
+    if name != "Overview":
+        at.switch_page(PAGES[name]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == [name]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    parts = [
+        e.value for kind in ("markdown", "caption", "info", "warning", "success", "subheader") for e in at.get(kind)
+    ]
+    return "\n".join(str(p) for p in parts)
+
+
+def rerun(at: AppTest) -> AppTest:
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.usefixtures("use_db")
+class TestPagesOnFixture:
+    def test_overview(self) -> None:
+        at = open_page("Overview")
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["problems"] == "8" and metrics["devices"] == "2" and metrics["runs"] == "2"
+        best = at.dataframe[0].value
+        assert DENSE.key in set(best["problem"])
+        dense = best[best["problem"] == DENSE.key].iloc[0]
+        assert dense["bound"] == "compute" and dense["of compute peak"].endswith("%")
+        assert "vs cublas" in best.columns
+        assert "Test GPU 9000: roofline ceilings unknown" in texts(at)
+        assert at.get("vega_lite_chart"), "the H200 roofline chart is drawn"
+
+    def test_trials_filters_sort_chart_importance(self) -> None:
+        at = open_page("Trials")
+        assert len(at.dataframe[0].value) == 32
+        at.sidebar.multiselect(key="trials_problem").set_value([DENSE.key])
+        at.sidebar.multiselect(key="trials_status").set_value(["ok"])
+        rerun(at)
+        table = at.dataframe[0].value
+        assert len(table) == 20 and set(table["status"]) == {"ok"}
+        assert list(table["tflops"]) == sorted(table["tflops"], reverse=True)
+        assert "Optuna" in texts(at) and at.get("vega_lite_chart")
+
+        at.sidebar.selectbox(key="trials_param").set_value("pad")
+        rerun(at)
+        pads = at.sidebar.multiselect(key="trials_param_values").options
+        at.sidebar.multiselect(key="trials_param_values").set_value([pads[0]])
+        at.selectbox(key="trials_sort").set_value("median_ms")
+        at.toggle(key="trials_desc").set_value(False)
+        at.selectbox(key="trials_x").set_value("spec.group_m")
+        rerun(at)
+        table = at.dataframe[0].value
+        assert 0 < len(table) < 20 and set(table["spec.pad"].astype(str)) == {pads[0]}
+        assert list(table["median_ms"]) == sorted(table["median_ms"])
+
+    def test_trials_family_and_name_filters(self) -> None:
+        at = open_page("Trials")
+        at.sidebar.multiselect(key="trials_family").set_value(["simt"])
+        at.sidebar.text_input(key="trials_name").set_value("_bias_")
+        rerun(at)
+        assert set(at.dataframe[0].value["problem"]) == {"32x4096x4096_bf16_forward_bias"}
+        assert "need at least 5 ok trials" in texts(at)
+
+    def test_history(self) -> None:
+        at = open_page("Search history")
+        assert len(at.dataframe[0].value) == 2
+        assert at.get("vega_lite_chart")
+        at.sidebar.multiselect(key="history_sampler").set_value(["random"])
+        rerun(at)
+        assert list(at.dataframe[0].value["sampler"]) == ["random"]
+
+    def test_kernel_source_is_code_not_html(self) -> None:
+        at = open_page("Kernel")
+        cpp = [c for c in at.code if c.language == "cpp"]
+        assert [c.value for c in cpp] == [SOURCE.rstrip()]
+        assert all("<b>" not in m.value for m in at.markdown)
+        assert at.get("vega_lite_chart"), "timing spread chart"
+        assert at.json and "pad" in at.json[0].value
+        assert "registers" in at.dataframe[0].value.index
+        assert at.download_button or "Export" in texts(at)
+
+    def test_kernel_never_compiled(self, use_db: str) -> None:
+        with Store(use_db, read_only=True) as store:
+            invalid = store.trials(status="invalid")[0]["kernel"]
+        at = open_page("Kernel")
+        at.sidebar.selectbox(key="kernel_name").set_value(invalid)
+        rerun(at)
+        assert "never compiled" in texts(at) and "No source stored" in texts(at)
+        assert not [c for c in at.code if c.language == "cpp"]
+
+    def test_failures_show_evidence_as_text(self) -> None:
+        at = open_page("Failures")
+        assert len(at.dataframe[0].value) == 4
+        at.sidebar.multiselect(key="failures_status").set_value(["compile_error"])
+        rerun(at)
+        assert list(at.dataframe[0].value["status"]) == ["compile_error"]
+        assert [c.value for c in at.code] == [HOSTILE_EVIDENCE]
+        assert all("<script>" not in m.value for m in at.markdown)
+        at.sidebar.multiselect(key="failures_problem").set_value(["32x4096x4096_bf16_forward_bias"])
+        rerun(at)
+        assert "No failed trial" in texts(at)
+
+    def test_sparsity_break_even(self) -> None:
+        at = open_page("Sparsity")
+        table = at.dataframe[0].value
+        assert list(table["block"]) == [32, 64]
+        b32, b64 = table["break_even_density"]
+        assert 0.25 < b32 < 0.5 and b64 == 0.5
+        assert at.get("vega_lite_chart")
+
+
+def test_filter_text_never_becomes_sql(use_db: str) -> None:
+    before = len(Store(use_db, read_only=True).trials())
+    at = open_page("Trials")
+    at.sidebar.text_input(key="trials_name").set_value("'; DROP TABLE gs_trials; --")
+    rerun(at)
+    assert "No trials match these filters." in texts(at)
+    at.sidebar.text_input(key="trials_name").set_value("%")
+    rerun(at)
+    assert "No trials match these filters." in texts(at)
+    with Store(use_db, read_only=True) as store:
+        assert len(store.trials()) == before == 32
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_missing_database_shows_guidance(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "nowhere.db"
+    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{missing}")
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
+    at.switch_page(PAGES[name]).run()
+    assert not at.exception
+    assert "No gemmscape database" in texts(at) and "codegen search" in texts(at)
+    assert not missing.exists(), "the read-only app never creates the database"
+
+
+def test_empty_database_shows_guidance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Store(url).close()
+    monkeypatch.setenv("GEMMSCAPE_DB", url)
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
+    assert not at.exception and "holds no trials" in texts(at)
+
+
+def test_sparsity_guidance_without_sparse_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'dense.db'}"
+    build(url, sparse=False)
+    monkeypatch.setenv("GEMMSCAPE_DB", url)
+    at = open_page("Sparsity")
+    assert "No block-sparse results yet" in texts(at)
