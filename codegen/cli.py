@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 from codegen.problem import DType, Problem
 from codegen.spec import SimtSpec
@@ -111,6 +112,143 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
+def _store(url: str | None, read_only: bool = False):
+    from store import Store
+
+    return Store(url, read_only=read_only)
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("gemmscape", "cuda-bindings", "optuna", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from search.measure import GpuMeasurer, NoGpu, ReplayMeasurer
+    from search.runner import run_search
+    from search.space import space_for
+
+    problem = problem_from_args(args)
+    command = "codegen " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("codegen") else "codegen search ..."
+    store = None
+    if args.replay:
+        measurer = ReplayMeasurer(args.replay, problem)
+        space, space_name = measurer.space, "replay"
+        print(f"replaying {args.replay}: recorded on {measurer.recorded['where']} at {measurer.recorded['when']}; "
+              f"no GPU is used and nothing is stored", file=sys.stderr)
+    else:
+        space_name = "restricted" if args.restricted else "full"
+        space = space_for(args.family, problem.dtype, args.restricted)
+        try:
+            measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
+        except NoGpu as e:
+            print(f"codegen search: {e}; to search recorded H200 measurements without a GPU use --replay FILE "
+                  f"(see README)", file=sys.stderr)
+            return 2
+        store = _store(args.db)
+    try:
+        summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
+                             space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
+                             command=command, versions=_versions())
+    finally:
+        measurer.close()
+    best = summary.best
+    print(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
+          f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
+    if summary.failures:
+        print("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
+    if best:
+        ratio = best.get("ratio", {}).get("cublas")
+        print(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else ""))
+    if args.replay and measurer.best:
+        print(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
+    if args.json:
+        print(json.dumps({"study": summary.study, "evaluated": summary.evaluated, "wall_s": summary.wall_s,
+                          "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
+                          "history": summary.history, "stopped": summary.stopped}))
+    return 0 if best else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from search.measure import GpuMeasurer, NoGpu
+    from search.space import space_for
+    from search.sweep import sweep
+
+    problem = problem_from_args(args)
+    try:
+        measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
+    except NoGpu as e:
+        print(f"codegen sweep: {e}", file=sys.stderr)
+        return 2
+    try:
+        doc = sweep(problem, space_for(args.family, problem.dtype, restricted=True), measurer, store=_store(args.db),
+                    command="codegen " + " ".join(sys.argv[1:]))
+    finally:
+        measurer.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=0) + "\n")
+    ok = [r for r in doc["results"].values() if r["status"] == "ok"]
+    print(f"{len(doc['results'])} kernels measured, {len(ok)} ok; wrote {args.out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from codegen.export import export_kernel, write_export
+
+    store = _store(args.db, read_only=True)
+    problem = problem_from_args(args) if args.m else None
+    name = args.kernel
+    if args.best:
+        if problem is None:
+            raise SystemExit("codegen export: --best needs --m, --n, --k (and --dtype, --bias)")
+        rows = store.best(problem)
+        if not rows:
+            print(f"codegen export: no ok kernel stored for {problem.key} in {store.url}", file=sys.stderr)
+            return 1
+        name = rows[0]["kernel"]
+    if not name:
+        raise SystemExit("codegen export: give --best with a problem, or --kernel NAME")
+    try:
+        texts = export_kernel(store, name, problem)
+    except KeyError as e:
+        print(f"codegen export: {e.args[0]}", file=sys.stderr)
+        return 1
+    cu, js = write_export(args.out, name, texts)
+    print(f"wrote {cu} and {js}")
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    store = _store(args.db, read_only=True)
+    rows = store.best(per_problem=args.top)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=1))
+        return 0
+    if not rows:
+        print(f"no results in {store.url} yet: run `codegen search` first")
+        return 0
+    head = f"{'problem':30s} {'kernel':62s} {'median us':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x cuBLAS':>8s}  device"
+    print(head)
+    for r in rows:
+        ratio = f"{r['ratio_cublas']:.3f}" if r.get("ratio_cublas") else "-"
+        print(f"{r['problem']:30s} {r['kernel']:62s} {r['median_ms'] * 1e3:10.1f} {r['tflops']:8.2f} "
+              f"{r['gbps']:7.0f} {ratio:>8s}  {r['device']}")
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    from app.launch import run
+
+    return run(args.db, args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codegen", description="gemmscape: generate, check and time CUDA GEMM kernels "
                                      "for the linear layer Y = X·Wᵀ + b.")
@@ -133,6 +271,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("search", help="search the space with Optuna on the GPU (or over a recording with --replay)")
+    add_problem_args(p)
+    p.add_argument("--family", default="simt", choices=["simt"])
+    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=int, default=200, help="evaluated (compiled and run) trials, across resumed runs")
+    p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
+    p.add_argument("--replay", type=Path, metavar="FILE", help="answer from a recorded sweep: no GPU, nothing stored")
+    p.add_argument("--db", help="SQLAlchemy URL of the store (default: $GEMMSCAPE_DB, else a SQLite file)")
+    p.add_argument("--arch")
+    p.add_argument("--lookahead", type=int, default=4, help="candidates compiling ahead of the GPU")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a kernel counts as hung")
+    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("sweep", help="measure every valid point of the restricted space; write a replay recording")
+    add_problem_args(p)
+    p.add_argument("--family", default="simt", choices=["simt"])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--db")
+    p.add_argument("--arch")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("export", help="write <name>.cu and <name>.json that run without gemmscape")
+    add_problem_args(p, required=False)
+    p.add_argument("--best", action="store_true", help="the fastest stored kernel for the problem")
+    p.add_argument("--kernel", metavar="NAME")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--db")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("results", help="the best kernels per problem")
+    p.add_argument("--db")
+    p.add_argument("--top", type=int, default=1, help="kernels per problem")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("app", help="the Streamlit dashboard on 127.0.0.1 (database opened read-only)")
+    p.add_argument("--db")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(func=cmd_app)
     return parser
 
 

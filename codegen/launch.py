@@ -88,8 +88,12 @@ def plan(spec: SimtSpec, problem: Problem) -> LaunchPlan:
     return LaunchPlan(launches=(main, reduce), workspace_bytes=4 * spec.split_k * total)
 
 
-GRID_RULE = (
-    "kernel 1: grid = (ceil(M/bm) * ceil(N/bn), split_k, 1); "
-    "kernel 2 (two_pass only): grid = (ceil(M*N/256), 1, 1); "
-    "workspace = 4*split_k*M*N bytes for two_pass; Y zeroed first for atomic"
-)
+def grid_rule(spec: SimtSpec) -> str:
+    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
+    rule = f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), block = ({spec.threads}, 1, 1)"
+    if spec.reduce == "two_pass":
+        rule += (f"; then {reduce_symbol(spec)}: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)"
+                 f"; workspace WS = 4*{spec.split_k}*M*N bytes")
+    if spec.reduce == "atomic":
+        rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
+    return rule

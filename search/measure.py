@@ -1,0 +1,182 @@
+"""Where a search's measurements come from: the GPU (compiling ahead) or a recording (replay).
+
+Both take specs with ``submit`` and hand back finished evaluations with ``next_done``, so the
+runner never knows which it has. The GPU measurer builds candidates in a CPU process pool while
+the worker measures, so the GPU does not wait for NVRTC.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen.evaluate import Built, Evaluator, build, failure
+from codegen.problem import Problem
+from codegen.spec import DeviceLimits, SimtSpec
+from search.space import Space
+
+REPLAY_FORMAT = "gemmscape-replay/1"
+
+
+@dataclass
+class Done:
+    tag: object
+    spec: SimtSpec
+    result: dict
+    kernel: dict  # kernel record for the store
+
+
+class NoGpu(RuntimeError):
+    """No GPU to measure on: the message says what is missing."""
+
+
+def why_no_gpu() -> str | None:
+    """None when nvidia-smi lists a GPU, else the reason (no CUDA initialized here)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return "no NVIDIA driver here (nvidia-smi not found)"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvidia-smi failed: {e}"
+    if out.returncode != 0 or "GPU" not in out.stdout:
+        return "nvidia-smi lists no GPU"
+    return None
+
+
+class GpuMeasurer:
+    """Compiles ahead in a process pool; measures one kernel at a time on the GPU worker."""
+
+    def __init__(self, problem: Problem, arch: str | None = None, timeout_s: float = 30.0,
+                 compile_timeout_s: float = 300.0, timing: dict | None = None, baseline: bool = True,
+                 compile_workers: int | None = None) -> None:
+        reason = why_no_gpu()
+        if reason:
+            raise NoGpu(reason)
+        self.problem = problem
+        self.evaluator = Evaluator(arch=arch, timeout_s=timeout_s, baseline=baseline,
+                                   **({"timing": timing} if timing else {}))
+        self.device = self.evaluator.device()
+        self.arch = self.evaluator.target_arch
+        self.limits = self.evaluator.limits()
+        self.compile_timeout_s = compile_timeout_s
+        self.workers = compile_workers or max(1, (os.cpu_count() or 2) - 1)
+        self.pool = self._new_pool()
+        self.pending: deque[tuple[object, SimtSpec, cf.Future, float]] = deque()
+        self.compile_seconds = 0.0
+        self.gpu_wait_seconds = 0.0
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+
+    def baselines(self) -> dict:
+        return self.evaluator.baselines(self.problem)
+
+    def submit(self, tag: object, spec: SimtSpec) -> None:
+        future = self.pool.submit(build, spec, self.problem, self.arch, self.limits)
+        self.pending.append((tag, spec, future, time.monotonic()))
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def next_done(self) -> Done:
+        """Measure a candidate whose build has finished (the oldest such), waiting if none has."""
+        waited = time.monotonic()
+        built = None
+        while built is None:
+            ready = next((i for i, entry in enumerate(self.pending) if entry[2].done()), None)
+            if ready is not None:
+                tag, spec, future, _ = self.pending[ready]
+                del self.pending[ready]
+                try:
+                    built = future.result()
+                except Exception as e:  # a pool process died
+                    self._restart_pool()
+                    built = Built(spec, failure=failure("compile_error", f"compiler process failed: {e!r}"))
+                continue
+            tag, spec, _, submitted = self.pending[0]
+            remaining = submitted + self.compile_timeout_s - time.monotonic()
+            if remaining <= 0:
+                self.pending.popleft()
+                self._restart_pool()
+                built = Built(spec, failure=failure("compile_timeout", f"no cubin after {self.compile_timeout_s:.0f} s"))
+                continue
+            cf.wait([entry[2] for entry in self.pending], timeout=remaining, return_when=cf.FIRST_COMPLETED)
+        self.gpu_wait_seconds += time.monotonic() - waited
+        if built.compiled is not None:
+            self.compile_seconds += built.compiled.seconds
+        result = self.evaluator.run(built, self.problem)
+        return Done(tag, spec, result, built.kernel_record())
+
+    def _restart_pool(self) -> None:
+        """Drop a stuck pool: resubmit what was still waiting to a fresh one."""
+        old = self.pool
+        for proc in list(getattr(old, "_processes", {}).values()):
+            proc.kill()
+        old.shutdown(wait=False, cancel_futures=True)
+        self.pool = self._new_pool()
+        waiting = list(self.pending)
+        self.pending.clear()
+        for tag, spec, _, submitted in waiting:
+            self.pending.append((tag, spec, self.pool.submit(build, spec, self.problem, self.arch, self.limits), submitted))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.evaluator.close()
+
+
+class ReplayMeasurer:
+    """Answers from a recorded sweep; no GPU, no compiler."""
+
+    def __init__(self, path: Path | str, problem: Problem | None = None) -> None:
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != REPLAY_FORMAT:
+            raise ValueError(f"{path} is not a gemmscape replay file (format {data.get('format')!r})")
+        self.recorded = data["recorded"]
+        self.problem = Problem.from_dict(data["problem"])
+        if problem is not None and problem != self.problem:
+            raise ValueError(f"{path} records {self.problem.key}, not {problem.key}")
+        self.space = Space.from_dict(data["space"])
+        self.device = data["device"]
+        self.arch = self.device.get("sm", "sm_90")
+        base = DeviceLimits.for_arch(int(self.arch[3:5]))
+        self.limits = DeviceLimits(sm=base.sm, max_smem=self.device.get("max_smem_optin", base.max_smem))
+        self.results: dict[str, dict] = data["results"]
+        self._baselines = data.get("baselines", {})
+        self.pending: deque[tuple[object, SimtSpec]] = deque()
+
+    def baselines(self) -> dict:
+        return self._baselines
+
+    def submit(self, tag: object, spec: SimtSpec) -> None:
+        self.pending.append((tag, spec))
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def next_done(self) -> Done:
+        tag, spec = self.pending.popleft()
+        result = self.results.get(spec.name)
+        if result is None:
+            result = failure("invalid", "not in the recorded sweep")
+        kernel = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": self.arch}
+        return Done(tag, spec, dict(failure(result["status"], ""), **result), kernel)
+
+    @property
+    def best(self) -> dict | None:
+        ok = [(n, r) for n, r in self.results.items() if r["status"] == "ok"]
+        if not ok:
+            return None
+        name, r = min(ok, key=lambda nr: nr[1]["median_ms"])
+        return {"kernel": name, **r}
+
+    def close(self) -> None:
+        pass

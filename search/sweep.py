@@ -1,0 +1,67 @@
+"""Exhaustive sweep of a (restricted) space on the GPU, written as a replay recording."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from tqdm import tqdm
+
+from codegen.problem import Problem
+from search.measure import REPLAY_FORMAT
+from search.space import Space
+
+KEPT = ("status", "evidence", "median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio")
+
+
+def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: int = 16, progress: bool = True,
+          command: str = "", space_name: str = "restricted") -> dict:
+    """Measure every valid point once; return the replay document (results keyed by kernel name)."""
+    specs = {}
+    for point in space.points():
+        spec = space.spec(point, problem)
+        specs.setdefault(spec.name, spec)
+    valid = [s for s in specs.values() if not s.check(problem, measurer.limits)]
+    device_id = store.device(measurer.device) if store is not None else None
+    run_id = None
+    if store is not None:
+        run_id = store.start_run(problem, device_id, space.family, "sweep", None, len(valid),
+                                 f"sweep:{problem.key}:{space_name}", {}, command)
+    results: dict[str, dict] = {}
+    started = time.monotonic()
+    todo = iter(valid)
+    with tqdm(total=len(valid), desc=f"sweep {problem.key}", unit="kernel", disable=not progress) as bar:
+        for spec in todo:
+            measurer.submit(spec.name, spec)
+            if len(measurer) >= lookahead:
+                break
+        while len(measurer):
+            done = measurer.next_done()
+            results[done.spec.name] = {k: done.result.get(k) for k in KEPT}
+            results[done.spec.name]["evidence"] = (done.result.get("evidence") or "")[-300:]
+            if store is not None:
+                store.kernel(done.kernel)
+                store.add_trial(run_id, done.spec.name, done.kernel.get("arch", measurer.arch), problem, device_id,
+                                len(results) - 1, done.result, done.spec.to_dict())
+            bar.update(1)
+            nxt = next(todo, None)
+            if nxt is not None:
+                measurer.submit(nxt.name, nxt)
+    if store is not None and run_id is not None:
+        store.end_run(run_id)
+    device = measurer.device
+    return {
+        "format": REPLAY_FORMAT,
+        "recorded": {
+            "where": f"{device.get('name')} ({device.get('sm')}, driver {device.get('driver')}, NVRTC {device.get('nvrtc')})",
+            "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "how": command or "search.sweep.sweep",
+            "what": f"every valid point of the {space_name} {space.family} space measured once "
+                    f"({len(valid)} kernels of {len(specs)} distinct points); {time.monotonic() - started:.0f} s",
+        },
+        "device": device,
+        "problem": problem.to_dict(),
+        "space": space.to_dict(),
+        "baselines": measurer.baselines(),
+        "results": results,
+    }
