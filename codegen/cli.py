@@ -136,7 +136,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from search.space import space_for
 
     problem = problem_from_args(args)
-    command = "codegen " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("codegen") else "codegen search ..."
+    command = "codegen " + " ".join(sys.argv[1:])
     store = None
     if args.replay:
         measurer = ReplayMeasurer(args.replay, problem)

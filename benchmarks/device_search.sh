@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# On the lent H200: GPU tier, then the 200-trial searches whose wall time issue #3 asks for.
+# usage (device tool, carry .whl): bash benchmarks/device_search.sh
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 GEMMSCAPE_CACHE=/tmp/gemmscape-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+DB="sqlite:///$OUT/h200.db"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
+for space in "" "--restricted"; do
+  start=$(date +%s.%N)
+  timeout 400 python3 -m codegen search --m 4096 --n 4096 --k 4096 --budget 200 $space --db "$DB" --quiet --json \
+    2>&1 | tee -a "$OUT/search.log" | tail -4
+  echo "wall: $(echo "$(date +%s.%N) - $start" | bc) s (search $space)" | tee -a "$OUT/search.log"
+done
