@@ -24,7 +24,7 @@ VISITS = [
     ("trials", "Trials", ["Trials matching the filters: 32", "Parameter importances"]),
     ("history", "Search history", ["Runs"]),
     ("kernel", "Kernel", ["ptxas report", "<b>not html</b>"]),
-    ("failures", "Failures", ["Trials by status", "Evidence (4 failed trials)"]),
+    ("failures", "Failures", ["Failed trials by status", "Evidence (4 failed trials)"]),
     ("sparsity", "Sparsity", ["Break-even density"]),
 ]
 
