@@ -39,7 +39,7 @@ def page(store: Store) -> None:
         chart = (
             alt.Chart(curves)
             .mark_line(interpolate="step-after", point=True)
-            .encode(x=alt.X("trial:Q", title="trial number"), y=alt.Y("best_tflops:Q", title="best TFLOP/s so far"),
+            .encode(x=alt.X("trial:Q", title="trial number", axis=alt.Axis(format="d", tickMinStep=1)), y=alt.Y("best_tflops:Q", title="best TFLOP/s so far"),
                     color=alt.Color("run:N", title="run"), tooltip=["run", "trial", "best_tflops"])
         )  # fmt: skip
         st.altair_chart(chart, width="stretch")

@@ -23,7 +23,7 @@ VISITS = [
     ("", "Overview", ["Best kernel per problem", "Roofline: NVIDIA H200"]),
     ("trials", "Trials", ["Trials matching the filters: 32", "Parameter importances"]),
     ("history", "Search history", ["Runs"]),
-    ("kernel", "Kernel", ["ptxas report", "<b>not html</b>"]),
+    ("kernel", "Kernel", ["ptxas report", "<b>not html</b>", "Export"]),
     ("failures", "Failures", ["Failed trials by status", "Evidence (4 failed trials)"]),
     ("sparsity", "Sparsity", ["Break-even density"]),
 ]
@@ -56,10 +56,10 @@ def wait_healthy(base: str, proc: subprocess.Popen, seconds: float = 90.0) -> No
 
 @pytest.fixture
 def served_app(fixture_db: str) -> Iterator[str]:
-    """``app.launch.run`` in a child process (its own session, so streamlit under it stops too)."""
+    """``codegen app`` in a child process (its own session, so streamlit under it stops too)."""
     port = free_port()
-    code = f"import sys; from app.launch import run; sys.exit(run({fixture_db!r}, {port}))"
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+    cmd = [sys.executable, "-m", "codegen", "app", "--db", fixture_db, "--port", str(port)]
+    proc = subprocess.Popen(cmd, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
