@@ -217,6 +217,13 @@ class Store:
             base = queries.filtered_trials(problem_key=key, device_id=device_id, family=family)
             return queries.best_rows(session, base, per_problem, limit)
 
+    def best_for(
+        self, problem: ProblemKey | str, device_id: int | None = None, family: str | None = None
+    ) -> dict[str, Any] | None:
+        """The single fastest ok trial for ``problem`` (across devices unless one is given), or None."""
+        rows = self.best(problem, device_id=device_id, family=family)
+        return min(rows, key=lambda r: (r["median_ms"], r["id"])) if rows else None
+
     def trials(
         self,
         *,

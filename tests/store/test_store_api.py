@@ -125,6 +125,11 @@ def test_best_picks_fastest_ok_trial_per_problem(store: Store) -> None:
     assert [(b["kernel"], b["rank"]) for b in top] == [(fast.name, 1), (slow.name, 2)]
     assert store.best(problem=P.key, device_id=dev, family="simt", limit=1)[0]["kernel"] == fast.name
     assert store.best(family="wmma") == [] and store.best(device_id=dev + 100) == []
+    assert store.best_for(P)["kernel"] == fast.name and store.best_for(Q.key)["median_ms"] == 0.2
+    other = store.device({**H200, "name": "NVIDIA H100"})
+    add(store, other, slow, ok(0.9))
+    assert store.best_for(P)["device_id"] == other and store.best_for(P, device_id=dev)["kernel"] == fast.name
+    assert store.best_for(Problem(8, 8, 8)) is None
 
 
 def test_known_result_answers_a_spec_seen_before(store: Store) -> None:
