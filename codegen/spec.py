@@ -177,7 +177,7 @@ class SimtSpec:
                 f"warp tile {self.wm}x{self.wn} / thread tile {self.tm}x{self.tn} gives "
                 f"{self.lanes_m * self.lanes_n} lanes, a warp has 32"
             )
-        if self.tm % self.rm or self.tn % self.rn or self.tm > 16 or self.tn > 16:
+        if any((side not in (1, 2) and side % 4) or side > 16 for side in (self.tm, self.tn)):
             why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why

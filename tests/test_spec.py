@@ -225,11 +225,6 @@ def test_rejects_thread_tile_sides_over_16():
     assert "thread tile sides must be 1, 2 or a multiple of 4 up to 16" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check() tests tm % rm, but rm is by definition the largest of 4/2/1 dividing tm, so the "
-    "'1, 2 or a multiple of 4' rule never fires: tm=3 and tm=6 pass",
-)
 @pytest.mark.parametrize("tm, wm, bm", [(3, 12, 48), (6, 24, 96)])
 def test_rejects_thread_tile_sides_outside_1_2_or_multiple_of_4(tm, wm, bm):
     spec = SimtSpec(bm=bm, bn=64, bk=16, wm=wm, wn=64, tm=tm, tn=8, pad=4, vec=4, stages=2)

@@ -93,7 +93,10 @@ def test_faults_are_statuses_and_the_next_evaluation_succeeds():
         assert result["status"] == "timeout", result
         assert ev.evaluate(spec, problem)[0]["status"] == "ok"
 
-        garbage = _planted("int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < M * N) Y[i] = 1.0f;", spec)
+        garbage = _planted(
+            "for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < M * N; i += gridDim.x * blockDim.x) Y[i] = 1.0f;",
+            spec,
+        )  # writes every output, all wrong
         assert ev.run(garbage, problem)["status"] == "wrong_result"
 
         lazy = _planted("", spec)
