@@ -1,0 +1,109 @@
+"""Search through replay of a sweep recorded on the H200 (see the file's "recorded" block).
+
+Recorded data, not a measurement of this run: search/recordings/replay-simt-4096x4096x4096-fp32.json
+was recorded on 2026-11-30 on the lent NVIDIA H200 (driver 580.159.04, NVRTC 13.0) with
+`codegen sweep --m 4096 --n 4096 --k 4096`: every valid point of the restricted SIMT space, once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codegen.problem import Problem
+from search.measure import ReplayMeasurer
+from search.runner import SAMPLERS, run_search
+from search.space import space_for
+
+RECORDING = Path(__file__).resolve().parents[2] / "search" / "recordings" / "replay-simt-4096x4096x4096-fp32.json"
+
+
+def replay(sampler: str, seed: int, budget: int, **kw):
+    measurer = ReplayMeasurer(RECORDING)
+    return run_search(measurer.problem, measurer.space, measurer, sampler=sampler, seed=seed, budget=budget,
+                      progress=False, **kw), measurer
+
+
+def test_recording_is_labelled_and_complete():
+    m = ReplayMeasurer(RECORDING)
+    assert "H200" in m.recorded["where"] and m.recorded["when"].startswith("2026-") and m.recorded["how"]
+    valid = {m.space.spec(p, m.problem).name for p in m.space.points()
+             if not m.space.spec(p, m.problem).check(m.problem, m.limits)}
+    assert valid == set(m.results), "the sweep must hold every valid point of its space"
+    assert m.baselines()["cublas"]["median_ms"] > 0
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_runs_through_replay(sampler):
+    if sampler == "gp":
+        pytest.importorskip("torch", reason="Optuna's GP sampler needs torch")
+        pytest.importorskip("scipy", reason="Optuna's GP sampler needs scipy")
+    summary, m = replay(sampler, seed=1, budget=30)
+    assert summary.evaluated == 30 and summary.stopped == "budget reached"
+    assert summary.best["tflops"] > 0 and summary.best["kernel"] in m.results
+    assert summary.history == sorted(summary.history)  # best-so-far never drops
+
+
+def test_tpe_at_200_reaches_95_percent_of_the_recorded_best():
+    ratios = []
+    for seed in range(5):
+        summary, m = replay("tpe", seed, 200)
+        ratios.append(summary.best["tflops"] / m.best["tflops"])
+    assert statistics.median(ratios) >= 0.95, ratios
+
+
+def test_tpe_beats_random_at_50():
+    tpe = statistics.median(replay("tpe", s, 50)[0].best["tflops"] for s in range(5))
+    rnd = statistics.median(replay("random", s, 50)[0].best["tflops"] for s in range(5))
+    assert tpe > rnd, (tpe, rnd)
+
+
+def test_a_run_of_invalid_proposals_is_cut_off_with_a_message():
+    problem = Problem(4096, 4096, 4096)
+    space = space_for("simt", problem.dtype).restrict(bm=(16,), tm=(8,), lanes_m=(32,))  # warp tile > block tile
+    m = ReplayMeasurer(RECORDING)
+    summary = run_search(problem, space, m, budget=10, max_idle=50, progress=False)
+    assert summary.evaluated == 0 and summary.proposals == 50
+    assert "invalid or already measured" in summary.stopped
+
+
+def test_resume_counts_the_budget_across_runs(tmp_path):
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    first, m = replay("tpe", 3, 20, store=store)
+    second, _ = replay("tpe", 3, 35, store=store)
+    assert (first.evaluated, second.evaluated, second.evaluated_now) == (20, 35, 15)
+    names = [r["kernel"] for r in store.trials() if r["status"] != "invalid"]
+    assert len(names) == len(set(names)) == 35  # nothing measured twice
+    assert store.count_trials(second.study, evaluated_only=True) == 35
+
+
+def test_cli_replay_prints_the_best_and_the_recorded_best():
+    out = subprocess.run([sys.executable, "-m", "codegen", "search", "--m", "4096", "--n", "4096", "--k", "4096",
+                          "--replay", str(RECORDING), "--budget", "40", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "40 of 40 trials evaluated" in out.stdout and "recorded best" in out.stdout
+    assert "recorded on NVIDIA H200" in out.stderr
+
+
+def test_replay_refuses_another_problem():
+    with pytest.raises(ValueError, match="records 4096x4096x4096"):
+        ReplayMeasurer(RECORDING, Problem(32, 4096, 4096))
+
+
+def test_search_without_gpu_fails_fast_with_one_line():
+    from tests.conftest import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("a GPU is visible here")
+    out = subprocess.run([sys.executable, "-m", "codegen", "search", "--m", "64", "--n", "64", "--k", "64"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--replay" in lines[0], out.stderr
