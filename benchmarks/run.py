@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import re
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from codegen.evaluate import DEFAULT_TIMING, Evaluator, build
-from codegen.problem import DType, Problem
+from codegen.problem import Problem
 from codegen.spec import SimtSpec
+from codegen.versions import versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,18 +57,6 @@ SUITES: dict[str, list[tuple[Problem, list[dict]]]] = {
 }
 
 
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name, dist in (("gemmscape", "gemmscape"), ("cuda-bindings", "cuda-bindings"), ("torch", "torch")):
-        try:
-            out[name] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    if out["gemmscape"] is None:
-        out["gemmscape"] = "source tree"
-    return out
-
-
 def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
     records = []
     with Evaluator(timing=timing, timeout_s=120.0) as ev:
@@ -101,7 +88,7 @@ def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
                 record["baselines"] = best["baselines"]
                 record["ratio"] = best["ratio"]
             records.append(record)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     doc = {
         "suite": name,
         "date": stamp,

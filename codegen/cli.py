@@ -118,19 +118,8 @@ def _store(url: str | None, read_only: bool = False):
     return Store(url, read_only=read_only)
 
 
-def _versions() -> dict:
-    from importlib import metadata
-
-    out = {}
-    for dist in ("gemmscape", "cuda-bindings", "optuna", "torch"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
 def cmd_search(args: argparse.Namespace) -> int:
+    from codegen.versions import versions
     from search.measure import GpuMeasurer, NoGpu, ReplayMeasurer
     from search.runner import run_search
     from search.space import space_for
@@ -156,7 +145,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     try:
         summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
-                             command=command, versions=_versions())
+                             command=command, versions=versions())
     finally:
         measurer.close()
     best = summary.best

@@ -128,9 +128,7 @@ def parse_ptxas(log: str) -> dict:
     out: dict[str, dict] = {}
     current = None
     for line in log.splitlines():
-        if m := re.search(r"Compiling entry function '(\S+)'", line):
-            current = out.setdefault(m.group(1), {})
-        elif m := _FUNC.search(line):
+        if (m := re.search(r"Compiling entry function '(\S+)'", line)) or (m := _FUNC.search(line)):
             current = out.setdefault(m.group(1), {})
         elif (m := _FRAME.search(line)) and current is not None:
             current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))

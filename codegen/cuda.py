@@ -169,6 +169,6 @@ class Event:
     def record(self, stream) -> None:
         check(driver.cuEventRecord(self.event, stream), "cuEventRecord")
 
-    def elapsed_ms(self, start: "Event") -> float:
+    def elapsed_ms(self, start: Event) -> float:
         check(driver.cuEventSynchronize(self.event), "cuEventSynchronize")
         return float(check(driver.cuEventElapsedTime(start.event, self.event), "cuEventElapsedTime"))

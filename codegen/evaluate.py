@@ -145,7 +145,7 @@ class Evaluator:
     def close(self) -> None:
         self.worker.stop()
 
-    def __enter__(self) -> "Evaluator":
+    def __enter__(self) -> Evaluator:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -47,7 +47,7 @@ class LaunchPlan:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LaunchPlan":
+    def from_dict(cls, d: dict) -> LaunchPlan:
         launches = tuple(
             KernelLaunch(
                 symbol=x["symbol"],

@@ -69,5 +69,5 @@ class Problem:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Problem":
+    def from_dict(cls, d: dict) -> Problem:
         return cls(**{k: d[k] for k in ("m", "n", "k", "dtype", "layout", "bias") if k in d})

@@ -21,7 +21,7 @@ class DeviceLimits:
     regs_per_block: int = 65536
 
     @classmethod
-    def for_arch(cls, sm: int) -> "DeviceLimits":
+    def for_arch(cls, sm: int) -> DeviceLimits:
         smem = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(sm, 232448 if sm >= 90 else 101376)
         return cls(sm=sm, max_smem=smem)
 
@@ -79,7 +79,7 @@ class SimtSpec:
     )
 
     @classmethod
-    def from_name(cls, name: str) -> "SimtSpec":
+    def from_name(cls, name: str) -> SimtSpec:
         match = cls._NAME.fullmatch(name)
         if not match:
             raise ValueError(f"not a SIMT kernel name: {name!r}")
@@ -100,7 +100,7 @@ class SimtSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SimtSpec":
+    def from_dict(cls, d: dict) -> SimtSpec:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     # ---- derived geometry -----------------------------------------------------------------

@@ -143,7 +143,7 @@ class GpuWorker:
             self.kill()
         return reply
 
-    def __enter__(self) -> "GpuWorker":
+    def __enter__(self) -> GpuWorker:
         return self
 
     def __exit__(self, *exc) -> None:

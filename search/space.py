@@ -23,10 +23,10 @@ class Space:
         return {"family": self.family, "dims": {k: list(v) for k, v in self.dims.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Space":
+    def from_dict(cls, d: dict) -> Space:
         return cls(d["family"], {k: tuple(v) for k, v in d["dims"].items()})
 
-    def restrict(self, **choices) -> "Space":
+    def restrict(self, **choices) -> Space:
         """The same space with some dimensions narrowed (each value must be a choice already)."""
         dims = dict(self.dims)
         for name, values in choices.items():
@@ -47,7 +47,7 @@ class Space:
         """Every combination, as {dim: value} (for sweeps and the grid sampler)."""
         names = list(self.dims)
         for combo in itertools.product(*(self.dims[n] for n in names)):
-            yield dict(zip(names, combo))
+            yield dict(zip(names, combo, strict=True))
 
     def spec(self, point: dict, problem: Problem) -> SimtSpec:
         return to_spec(self.family, point, problem)

@@ -54,7 +54,7 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
         "format": REPLAY_FORMAT,
         "recorded": {
             "where": f"{device.get('name')} ({device.get('sm')}, driver {device.get('driver')}, NVRTC {device.get('nvrtc')})",
-            "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "how": command or "search.sweep.sweep",
             "what": f"every valid point of the {space_name} {space.family} space measured once "
                     f"({len(valid)} kernels of {len(specs)} distinct points); {time.monotonic() - started:.0f} s",

@@ -27,7 +27,7 @@ def stored(tmp_path, monkeypatch):
     specs = [SimtSpec(dtype=DType.bf16, bias=True, bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, vec=8,
                       split_k=3, reduce="two_pass"),
              SimtSpec(dtype=DType.bf16, bias=True, bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, vec=8)]
-    for i, (spec, ms) in enumerate(zip(specs, (0.010, 0.020))):
+    for i, (spec, ms) in enumerate(zip(specs, (0.010, 0.020), strict=True)):
         built = build(spec, problem, "sm_90")
         store.kernel(built.kernel_record())
         result = {"status": "ok", "evidence": "", "median_ms": ms, "p20_ms": ms, "p80_ms": ms, "times_ms": [ms],
@@ -47,7 +47,7 @@ def test_export_best_writes_a_self_contained_pair(stored, tmp_path):
     name = specs[0].name  # the faster one
     cu = (tmp_path / "x" / f"{name}.cu").read_text()
     manifest = json.loads((tmp_path / "x" / f"{name}.json").read_text())
-    assert f'extern "C" __global__' in cu and "gemmscape" not in manifest["includes"]["note"]
+    assert 'extern "C" __global__' in cu and "gemmscape" not in manifest["includes"]["note"]
     assert [k["symbol"] for k in manifest["kernels"]] == [name, name + "_reduce"]
     assert [a["name"] for a in manifest["kernels"][0]["args"]] == ["Y", "X", "W", "B", "WS", "M", "N", "K"]
     assert manifest["kernels"][0]["args"][0]["type"] == "__nv_bfloat16*"
