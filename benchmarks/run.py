@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from codegen.evaluate import DEFAULT_TIMING, Evaluator, build
-from codegen.problem import Problem
+from codegen.problem import DType, Problem
 from codegen.spec import SimtSpec
 from codegen.versions import versions
 
@@ -55,6 +55,34 @@ SUITES: dict[str, list[tuple[Problem, list[dict]]]] = {
         ),
     ],
 }
+
+_ASYNC = dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async")
+_ASYNC_H = dict(_ASYNC, bk=64, pad=8, vec=8)
+_SKINNY_CANDIDATES = [
+    dict(_ASYNC, split_k=8, reduce="atomic"),
+    dict(_ASYNC, split_k=16, reduce="atomic"),
+    dict(_ASYNC, stages=4, split_k=8, reduce="atomic"),
+    dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic"),
+    dict(_ASYNC, bn=64, wn=16, tn=4, split_k=16, reduce="atomic"),
+    dict(_ASYNC, bk=64, split_k=8, reduce="atomic"),
+    dict(_ASYNC, bk=64, stages=4, split_k=4, reduce="atomic"),
+    dict(_SKINNY, split_k=16, reduce="atomic"),
+]
+_HALF_CANDIDATES = [
+    dict(_ASYNC_H, split_k=4, reduce="two_pass"),
+    dict(_ASYNC_H, split_k=8, reduce="two_pass"),
+    dict(_ASYNC_H, stages=4, split_k=8, reduce="two_pass"),
+    dict(_ASYNC_H, bn=64, wn=16, tn=4, split_k=8, reduce="two_pass"),
+    dict(_ASYNC_H, bk=32, pad=8, split_k=16, reduce="two_pass"),
+    dict(_SKINNY, vec=8, split_k=8, reduce="two_pass"),
+]
+SUITES["skinny"] = [
+    (Problem(32, 4096, 4096), _SKINNY_CANDIDATES),
+    (Problem(1, 4096, 4096), [dict(c, bm=16, wm=16, tm=2) for c in _SKINNY_CANDIDATES[:5]]),
+    (Problem(32, 4096, 4096, DType.bf16), _HALF_CANDIDATES),
+    (Problem(32, 4096, 4096, DType.fp16), _HALF_CANDIDATES),
+    (Problem(1, 4096, 4096, DType.bf16), [dict(c, bm=16, wm=16, tm=2) for c in _HALF_CANDIDATES[:4]]),
+]
 
 
 def run_suite(name: str, out_dir: Path, timing: dict) -> Path:

@@ -59,6 +59,10 @@ def template_values(spec: SimtSpec) -> dict:
         vload_t=LOAD_TYPE.get(spec.vec * spec.dtype.itemsize, "unsigned int"),
         frag_m_t=FRAG_TYPE[spec.rm],
         frag_n_t=FRAG_TYPE[spec.rn],
+        kv=spec.kv,
+        frag_k_t=LOAD_TYPE[spec.kv * spec.dtype.itemsize],
+        cp_bytes=spec.vec * spec.dtype.itemsize,
+        cp_cache="cg" if spec.vec * spec.dtype.itemsize == 16 else "ca",
     )
     return values
 

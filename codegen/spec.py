@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from codegen.problem import DType, Problem
 
 REDUCES = ("none", "atomic", "two_pass")
+COPIES = ("reg", "async")
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,12 @@ class SimtSpec:
 
     ``stages`` = 0 reads both operands straight from global memory (the naive kernel);
     1 stages tiles through shared memory; 2 double-buffers shared memory with a register
-    prefetch of the next tile. Shared tiles are stored k-major ("transposed") so the inner
-    loop reads ``tm``/``tn`` fragments with vector loads. Lanes of a warp form a
-    ``(wm/tm) × (wn/tn)`` grid; each lane owns strided 4-wide chunks of the warp tile.
+    prefetch of the next tile. With ``copy="reg"`` tiles travel through registers and are
+    stored k-major ("transposed") so the inner loop reads ``tm``/``tn`` fragments with vector
+    loads; lanes own strided 4-wide chunks of the warp tile. With ``copy="async"`` tiles go
+    global -> shared with ``cp.async`` (sm_80+) into ``stages`` (2-4) buffers kept in the input
+    type and k-contiguous; the inner loop reads 4-wide k fragments and lanes own rows strided by
+    the lane count (conflict-free with ``pad``). Lanes of a warp form a ``(wm/tm) × (wn/tn)`` grid.
     """
 
     dtype: DType = DType.fp32
@@ -49,6 +53,7 @@ class SimtSpec:
     pad: int = 4
     vec: int = 4
     stages: int = 2
+    copy: str = "reg"
     group_m: int = 1
     split_k: int = 1
     reduce: str = "none"
@@ -69,13 +74,14 @@ class SimtSpec:
         return (
             f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
-            f"_p{self.pad}_v{self.vec}_s{self.stages}_g{self.group_m}_k{self.split_k}{red}"
+            f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
+            f"_g{self.group_m}_k{self.split_k}{red}"
         )
 
     _NAME = re.compile(
         r"simt_(?P<dtype>fp32|fp16|bf16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
     )
 
     @classmethod
@@ -88,6 +94,7 @@ class SimtSpec:
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
+            copy="async" if g.pop("copy") else "reg",
             **{k: int(v) for k, v in g.items()},
         )
         assert spec.name == name
@@ -126,12 +133,21 @@ class SimtSpec:
 
     @property
     def rm(self) -> int:
-        """Width of one shared-memory fragment read along m (1, 2 or 4 floats)."""
+        """Consecutive rows a lane owns: its fragment width along m (1, 2 or 4)."""
+        if self.copy == "async":
+            return 1
         return 4 if self.tm % 4 == 0 else (2 if self.tm % 2 == 0 else 1)
 
     @property
     def rn(self) -> int:
+        if self.copy == "async":
+            return 1
         return 4 if self.tn % 4 == 0 else (2 if self.tn % 2 == 0 else 1)
+
+    @property
+    def kv(self) -> int:
+        """k values per shared-memory fragment read on the async path (16 or 8 bytes)."""
+        return 4
 
     @property
     def a_loads(self) -> int:
@@ -146,10 +162,14 @@ class SimtSpec:
     def smem_bytes(self) -> int:
         if self.stages == 0:
             return 0
+        if self.copy == "async":
+            return self.dtype.itemsize * self.stages * (self.bm + self.bn) * (self.bk + self.pad)
         return 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad))
 
     @property
     def regs_estimate(self) -> int:
+        if self.copy == "async":
+            return self.tm * self.tn + 2 * self.kv * (self.tm + self.tn) + 32  # fragments of two k-steps live
         staged = (self.a_loads + self.w_loads) * self.vec if self.stages == 2 else 0
         return self.tm * self.tn + self.tm + self.tn + staged + 28
 
@@ -166,8 +186,12 @@ class SimtSpec:
             why.append("pad must be >= 0")
         if why:
             return why
-        if self.stages not in (0, 1, 2):
-            why.append(f"stages must be 0, 1 or 2, got {self.stages}")
+        if self.copy not in COPIES:
+            why.append(f"copy must be one of {COPIES}")
+        elif self.copy == "reg" and self.stages not in (0, 1, 2):
+            why.append(f"stages must be 0, 1 or 2 with register copies, got {self.stages}")
+        elif self.copy == "async" and self.stages not in (2, 3, 4):
+            why.append(f"stages must be 2, 3 or 4 with async copies, got {self.stages}")
         if self.bm % self.wm or self.bn % self.wn:
             why.append(f"warp tile {self.wm}x{self.wn} does not divide block tile {self.bm}x{self.bn}")
         if self.wm % self.tm or self.wn % self.tn:
@@ -192,7 +216,16 @@ class SimtSpec:
         else:
             if self.bk % self.vec:
                 why.append(f"vec {self.vec} does not divide bk {self.bk}")
-            if (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
+            if self.copy == "async":
+                row_bytes = (self.bk + self.pad) * self.dtype.itemsize
+                if self.vec * self.dtype.itemsize not in (4, 8, 16):
+                    why.append("async copies move 4, 8 or 16 bytes: vec * element size must be one of them")
+                if row_bytes % 16 or self.bk % self.kv:
+                    why.append(f"async tiles need (bk + pad) * {self.dtype.itemsize} B a multiple of 16 "
+                               f"and bk a multiple of {self.kv}")
+                if limits.sm < 80:
+                    why.append("async copies (cp.async) need sm_80 or newer")
+            elif (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
             if self.smem_bytes > limits.max_smem:
                 why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")

@@ -64,9 +64,10 @@ def simt_space(dtype: DType = DType.fp32) -> Space:
             "tm": (1, 2, 4, 8),
             "tn": (1, 2, 4, 8),
             "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
-            "pad": (0, 4),
+            "pad": (0, 4, 8),
             "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
-            "stages": (1, 2),
+            "stages": (1, 2, 3, 4),
+            "copy": ("reg", "async"),
             "group_m": (1, 4, 8),
             "split_k": (1, 2, 4, 8, 16),
             "reduce": ("atomic", "two_pass"),
@@ -80,7 +81,7 @@ SPACES = {"simt": simt_space}
 RESTRICTED = {
     "simt": dict(
         bm=(64, 128, 256), bn=(64, 128), bk=(8, 16, 32), tm=(4, 8), tn=(4, 8), lanes_m=(2, 4, 8),
-        pad=(0, 4), vec=(4,), stages=(2,), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
+        pad=(0, 4), vec=(4,), stages=(2,), copy=("reg",), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
     ),
 }
 
