@@ -253,8 +253,19 @@ def test_rejects_bad_vec_for_dtype():
 
 
 def test_rejects_bad_stages_and_naive_with_tiles():
-    assert "stages must be 0, 1 or 2, got 3" in reasons(with_(stages=3))
+    assert "stages must be 0, 1 or 2 with register copies, got 3" in reasons(with_(stages=3))
+    assert "stages must be 2, 3 or 4 with async copies, got 1" in reasons(with_(stages=1, copy="async"))
+    assert "copy must be one of" in reasons(with_(copy="tma"))
     assert "stages=0 (no shared memory) takes bk=1, pad=0, vec=1" in reasons(with_(stages=0))
+
+
+def test_async_copy_rules():
+    assert not with_(copy="async", stages=3, bk=16).check()
+    assert "need sm_80 or newer" in " ".join(SimtSpec(copy="async", stages=3).check(None, DeviceLimits.for_arch(75)))
+    assert "multiple of 16" in reasons(with_(copy="async", stages=3, pad=2))
+    half = SimtSpec(dtype=DType.bf16, copy="async", stages=3, bk=16, vec=8, pad=4)
+    assert "multiple of 16" in " ".join(half.check())  # 20 bf16 = 40 B rows break 16-byte cp.async
+    assert not SimtSpec(dtype=DType.bf16, copy="async", stages=3, bk=16, vec=8, pad=8).check()
 
 
 def test_rejects_pad_breaking_fragment_alignment():
