@@ -84,6 +84,42 @@ SUITES["skinny"] = [
     (Problem(1, 4096, 4096, DType.bf16), [dict(c, bm=16, wm=16, tm=2) for c in _HALF_CANDIDATES[:4]]),
 ]
 
+_BIG = dict(_SQ, bk=16, group_m=8)
+_GEMV = dict(bm=1, bn=256, bk=32, wm=1, wn=32, tm=1, tn=1, pad=4, vec=4, stages=3, copy="async")
+_GEMV_H = dict(_GEMV, bk=64, pad=8, vec=8, stages=3)
+_HALF8 = dict(bm=32, bn=128, bk=32, wm=32, wn=64, tm=8, tn=8, pad=8, vec=8, stages=3, copy="async")
+#: Issue 5's shapes, hand-picked candidates (a first look; searches come later).
+SUITES["simt5"] = [
+    (Problem(4096, 4096, 4096), [_BIG, dict(_BIG, copy="async", stages=3), dict(_BIG, copy="async", stages=4, bk=32),
+                                 dict(_BIG, copy="async", stages=3, wm=64, wn=32)]),
+    (Problem(1000, 1000, 1000), [_BIG, dict(_BIG, bm=64, wm=32, wn=32, tm=4, tn=8),
+                                 dict(_BIG, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, bk=32),
+                                 dict(_BIG, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, split_k=2, reduce="atomic")]),
+    (Problem(4097, 4095, 4093), [_BIG, dict(_BIG, copy="async", stages=3), dict(_BIG, copy="async", stages=4, bk=32)]),
+    (Problem(128, 4096, 4096), [dict(_BIG, split_k=2, reduce="atomic"), dict(_BIG, split_k=4, reduce="atomic"),
+                                dict(_BIG, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, split_k=4, reduce="atomic"),
+                                dict(_BIG, bm=128, bn=64, wm=32, wn=32, tm=8, tn=4, copy="async", stages=4, bk=32, split_k=4, reduce="atomic")]),
+    (Problem(32, 4096, 4096), [dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic"),
+                               dict(_ASYNC, bn=64, wn=16, tn=4, stages=4, split_k=8, reduce="atomic"),
+                               dict(_ASYNC, bn=64, wn=16, tn=4, bk=16, stages=4, split_k=8, reduce="atomic"),
+                               dict(_ASYNC, bn=64, wn=16, tn=4, split_k=4, reduce="atomic"),
+                               dict(_ASYNC, bm=32, bn=128, wm=32, wn=64, tm=8, tn=8, split_k=8, reduce="atomic"),
+                               dict(_ASYNC, bm=32, bn=64, wm=32, wn=32, tm=4, tn=8, split_k=8, reduce="atomic")]),
+    (Problem(1, 4096, 4096), [dict(_GEMV, split_k=4, reduce="atomic"), dict(_GEMV, split_k=8, reduce="atomic"),
+                              dict(_GEMV, split_k=16, reduce="atomic"), dict(_GEMV, bk=64, stages=2, split_k=8, reduce="atomic"),
+                              dict(_GEMV, bn=512, wn=64, tn=2, bk=16, split_k=8, reduce="atomic")]),
+    (Problem(32, 4096, 4096, DType.bf16), [dict(_HALF8, split_k=8, reduce="two_pass"), dict(_HALF8, split_k=16, reduce="two_pass"),
+                                           dict(_HALF8, bn=64, wn=64, split_k=16, reduce="two_pass"),
+                                           dict(_ASYNC_H, bk=32, split_k=16, reduce="two_pass")]),
+    (Problem(32, 4096, 4096, DType.fp16), [dict(_HALF8, split_k=8, reduce="two_pass"), dict(_HALF8, split_k=16, reduce="two_pass"),
+                                           dict(_HALF8, bn=64, wn=64, split_k=16, reduce="two_pass"),
+                                           dict(_ASYNC_H, bk=32, split_k=16, reduce="two_pass")]),
+    (Problem(1, 4096, 4096, DType.bf16), [dict(_GEMV_H, split_k=4, reduce="two_pass"), dict(_GEMV_H, split_k=8, reduce="two_pass"),
+                                          dict(_GEMV_H, bk=32, split_k=16, reduce="two_pass")]),
+    (Problem(1, 4096, 4096, DType.fp16), [dict(_GEMV_H, split_k=4, reduce="two_pass"), dict(_GEMV_H, split_k=8, reduce="two_pass"),
+                                          dict(_GEMV_H, bk=32, split_k=16, reduce="two_pass")]),
+]
+
 
 def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
     records = []

@@ -169,7 +169,8 @@ class SimtSpec:
     @property
     def regs_estimate(self) -> int:
         if self.copy == "async":
-            return self.tm * self.tn + 2 * self.kv * (self.tm + self.tn) + 32  # fragments of two k-steps live
+            # fragments of two k-steps live, and an address per unrolled tile load
+            return self.tm * self.tn + 2 * self.kv * (self.tm + self.tn) + 2 * (self.a_loads + self.w_loads) + 32
         staged = (self.a_loads + self.w_loads) * self.vec if self.stages == 2 else 0
         return self.tm * self.tn + self.tm + self.tn + staged + 28
 

@@ -58,7 +58,7 @@ def simt_space(dtype: DType = DType.fp32) -> Space:
     return Space(
         "simt",
         {
-            "bm": (16, 32, 64, 128, 256),
+            "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
             "bn": (32, 64, 128, 256),
             "bk": (8, 16, 32, 64),
             "tm": (1, 2, 4, 8),
