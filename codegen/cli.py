@@ -94,10 +94,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         with Evaluator(arch=args.arch, baseline=not args.no_baseline, timeout_s=args.timeout) as ev:
             result, built = ev.evaluate(spec, problem)
-            device = ev.device()
+            device, arch = ev.device(), ev.target_arch
     except WorkerUnavailable as e:
         print(f"codegen bench: {e}", file=sys.stderr)
         return 2
+    if not args.no_store:  # nothing measured is lost: the trial goes to the store (no search run)
+        store = _store(args.db)
+        record = built.kernel_record()
+        record.setdefault("arch", arch)
+        store.kernel(record)
+        store.add_trial(None, spec.name, record["arch"], problem, store.device(device), None, result, spec.to_dict())
     line = f"{problem.key}  {spec.name}  {result['status']}"
     if result["status"] == "ok":
         line += (f"  {result['median_ms'] * 1e3:.1f} us (p20 {result['p20_ms'] * 1e3:.1f}, p80 {result['p80_ms'] * 1e3:.1f})"
@@ -258,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch")
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
+    p.add_argument("--db", help="store URL (default: $GEMMSCAPE_DB, else a SQLite file)")
+    p.add_argument("--no-store", action="store_true", help="do not record the trial")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 

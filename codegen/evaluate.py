@@ -55,7 +55,7 @@ class Built:
 
 def build(spec: SimtSpec, problem: Problem, arch: str, limits: DeviceLimits | None = None) -> Built:
     """Check, render and compile (CPU only; safe in a process pool)."""
-    reasons = spec.check(problem, limits or DeviceLimits.for_arch(int(arch[3:5])))
+    reasons = spec.check(problem, limits or DeviceLimits.for_arch(arch))
     if reasons:
         return Built(spec, failure=failure("invalid", "; ".join(reasons)))
     source = render(spec)
@@ -96,7 +96,7 @@ class Evaluator:
 
     def limits(self) -> DeviceLimits:
         info = self.device()
-        base = DeviceLimits.for_arch(int(info["sm"][3:5]))
+        base = DeviceLimits.for_arch(info["sm"])
         return DeviceLimits(sm=base.sm, max_smem=info["max_smem_optin"])
 
     def baselines(self, problem: Problem) -> dict:

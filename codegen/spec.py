@@ -22,7 +22,13 @@ class DeviceLimits:
     regs_per_block: int = 65536
 
     @classmethod
-    def for_arch(cls, sm: int) -> DeviceLimits:
+    def for_arch(cls, sm: int | str) -> DeviceLimits:
+        """Limits of an architecture given as 90 or "sm_90" ("sm_90a" too)."""
+        if isinstance(sm, str):
+            match = re.fullmatch(r"sm_(\d+)a?", sm)
+            if not match:
+                raise ValueError(f"not an architecture: {sm!r}")
+            sm = int(match.group(1))
         smem = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(sm, 232448 if sm >= 90 else 101376)
         return cls(sm=sm, max_smem=smem)
 

@@ -147,7 +147,7 @@ class ReplayMeasurer:
         self.space = Space.from_dict(data["space"])
         self.device = data["device"]
         self.arch = self.device.get("sm", "sm_90")
-        base = DeviceLimits.for_arch(int(self.arch[3:5]))
+        base = DeviceLimits.for_arch(self.arch)
         self.limits = DeviceLimits(sm=base.sm, max_smem=self.device.get("max_smem_optin", base.max_smem))
         self.results: dict[str, dict] = data["results"]
         self._baselines = data.get("baselines", {})

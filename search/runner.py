@@ -97,7 +97,7 @@ def run_search(
     best: dict | None = None
     for t in study.get_trials(deepcopy=False):
         if t.state == optuna.trial.TrialState.RUNNING:
-            study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         elif t.state == optuna.trial.TrialState.COMPLETE and "kernel" in t.user_attrs:
             seen[t.user_attrs["kernel"]] = t.value
             if t.user_attrs.get("evaluated"):

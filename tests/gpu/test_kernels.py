@@ -124,17 +124,21 @@ def test_too_many_resources_is_a_status():
         assert ev.evaluate(SimtSpec(**BIG), problem)[0]["status"] == "ok"
 
 
-def test_bench_cli_prints_one_line_with_the_baseline():
+def test_bench_cli_prints_one_line_with_the_baseline_and_stores_it(tmp_path):
     pytest.importorskip("torch")
     out = subprocess.run(
         [sys.executable, "-m", "codegen", "bench", "--m", "67", "--n", "45", "--k", "91", "--bias",
          "--bm", "32", "--bn", "32", "--bk", "32", "--wm", "4", "--wn", "8", "--tm", "1", "--tn", "1",
-         "--pad", "1", "--vec", "1", "--stages", "1"],
+         "--pad", "1", "--vec", "1", "--stages", "1", "--db", f"sqlite:///{tmp_path / 'b.db'}"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1 and " ok " in lines[0] and "cublas" in lines[0], out.stdout
+    from store import Store
+
+    rows = Store(f"sqlite:///{tmp_path / 'b.db'}", read_only=True).trials()
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["ratio_cublas"] > 0
 
 
 @pytest.mark.parametrize("m,n,k", list(itertools.islice(SHAPES, 4)))
