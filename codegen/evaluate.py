@@ -23,7 +23,8 @@ PROBE = (67, 45, 91)
 DEFAULT_TIMING = {"reps_min": 20, "reps_max": 100, "target_ms": 100.0}
 
 
-def failure(status: str, evidence: str) -> dict:
+def blank_result(status: str, evidence: str) -> dict:
+    """A result dict with every field present and only the status and evidence set."""
     assert status in STATUSES
     return {"status": status, "evidence": evidence, "median_ms": None, "p20_ms": None, "p80_ms": None,
             "times_ms": [], "tflops": None, "gbps": None, "rel_error": None, "baselines": {}, "ratio": {}}
@@ -57,12 +58,12 @@ def build(spec: SimtSpec, problem: Problem, arch: str, limits: DeviceLimits | No
     """Check, render and compile (CPU only; safe in a process pool)."""
     reasons = spec.check(problem, limits or DeviceLimits.for_arch(arch))
     if reasons:
-        return Built(spec, failure=failure("invalid", "; ".join(reasons)))
+        return Built(spec, failure=blank_result("invalid", "; ".join(reasons)))
     source = render(spec)
     try:
         compiled = compile_source(source, spec.name, arch)
     except CompileError as e:
-        return Built(spec, source, failure=failure("compile_error", e.log[-4000:]))
+        return Built(spec, source, failure=blank_result("compile_error", e.log[-4000:]))
     return Built(spec, source, compiled)
 
 
@@ -130,8 +131,8 @@ class Evaluator:
         }
         reply = self.worker.request(job, self.timeout_s)
         if reply.get("status") != "ok":
-            return failure(reply.get("status", "worker_crash"), reply.get("evidence", ""))
-        result = failure("ok", "")
+            return blank_result(reply.get("status", "worker_crash"), reply.get("evidence", ""))
+        result = blank_result("ok", "")
         result.update({k: reply[k] for k in ("median_ms", "p20_ms", "p80_ms", "times_ms", "tflops", "gbps", "rel_error")})
         named = {k: v for k, v in baselines.items() if isinstance(v, dict)}
         result["baselines"] = named

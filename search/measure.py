@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.evaluate import Built, Evaluator, build, failure
+from codegen.evaluate import Built, Evaluator, blank_result, build
 from codegen.problem import Problem
 from codegen.spec import DeviceLimits, SimtSpec
 from search.space import Space
@@ -100,14 +100,14 @@ class GpuMeasurer:
                     built = future.result()
                 except Exception as e:  # a pool process died
                     self._restart_pool()
-                    built = Built(spec, failure=failure("compile_error", f"compiler process failed: {e!r}"))
+                    built = Built(spec, failure=blank_result("compile_error", f"compiler process failed: {e!r}"))
                 continue
             tag, spec, _, submitted = self.pending[0]
             remaining = submitted + self.compile_timeout_s - time.monotonic()
             if remaining <= 0:
                 self.pending.popleft()
                 self._restart_pool()
-                built = Built(spec, failure=failure("compile_timeout", f"no cubin after {self.compile_timeout_s:.0f} s"))
+                built = Built(spec, failure=blank_result("compile_timeout", f"no cubin after {self.compile_timeout_s:.0f} s"))
                 continue
             cf.wait([entry[2] for entry in self.pending], timeout=remaining, return_when=cf.FIRST_COMPLETED)
         self.gpu_wait_seconds += time.monotonic() - waited
@@ -166,9 +166,9 @@ class ReplayMeasurer:
         tag, spec = self.pending.popleft()
         result = self.results.get(spec.name)
         if result is None:
-            result = failure("invalid", "not in the recorded sweep")
+            result = blank_result("invalid", "not in the recorded sweep")
         kernel = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": self.arch}
-        return Done(tag, spec, dict(failure(result["status"], ""), **result), kernel)
+        return Done(tag, spec, dict(blank_result(result["status"], ""), **result), kernel)
 
     @property
     def best(self) -> dict | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import optuna
 from tqdm import tqdm
 
-from codegen.evaluate import failure
+from codegen.evaluate import blank_result
 from codegen.problem import Problem
 from search.space import Space
 
@@ -139,7 +139,7 @@ def run_search(
                     if store is not None and spec.name not in invalid_stored:
                         invalid_stored.add(spec.name)
                         store.add_trial(run_id, spec.name, measurer.arch, problem, device_id, trial.number,
-                                        failure("invalid", "; ".join(reasons)), spec.to_dict())
+                                        blank_result("invalid", "; ".join(reasons)), spec.to_dict())
                     idle += 1
                     continue
                 if spec.name in in_flight:
