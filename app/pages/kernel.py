@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import ui
+from codegen.export import export_kernel
 from store import Store
 
 
@@ -22,11 +23,6 @@ def choose_kernel(store: Store) -> str | None:
 
 
 def export_downloads(store: Store, name: str) -> None:
-    try:
-        from codegen.export import export_kernel
-    except ImportError:
-        st.info("Export is not available in this build (`codegen.export` is missing); `codegen export` will be.")
-        return
     try:
         cu, manifest = export_kernel(store, name)
     except Exception as err:  # noqa: BLE001 - export says why it refuses; show it, never a traceback
