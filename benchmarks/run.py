@@ -1,9 +1,11 @@
 """Benchmark suites: our best kernel and its baseline, timed side by side in one run.
 
-    python3 -m benchmarks.run --suite simt [--out DIR]
+    python3 -m benchmarks.run --suite simt [--out DIR] [--search BUDGET [--sampler tpe]]
 
 Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR.
-Each problem's candidates are hand-picked specs; the fastest correct one is "ours".
+Each problem's candidates are hand-picked specs; the fastest correct one is "ours". With
+``--search``, each problem is instead searched (the candidates are tried first) with that budget,
+every trial stored in ``DIR/<suite>.db``, and the best found is "ours".
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ SUITES["simt5"] = [
 ]
 
 
-def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
+def hand_suite(name: str, timing: dict) -> tuple[list[dict], dict]:
+    """Every hand-picked candidate of each problem; the fastest correct one, with cuBLAS."""
     records = []
     with Evaluator(timing=timing, timeout_s=120.0) as ev:
         device = ev.device()
@@ -152,6 +155,10 @@ def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
                 record["baselines"] = best["baselines"]
                 record["ratio"] = best["ratio"]
             records.append(record)
+    return records, device
+
+
+def write_results(name: str, out_dir: Path, timing: dict, records: list[dict], device: dict) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     doc = {
         "suite": name,
@@ -173,14 +180,54 @@ def run_suite(name: str, out_dir: Path, timing: dict) -> Path:
     return path
 
 
+def search_suite(name: str, out_dir: Path, timing: dict, budget: int, sampler: str) -> tuple[list[dict], dict]:
+    """Search each problem of the suite (hand candidates first); the best found, with cuBLAS."""
+    from search.measure import GpuMeasurer
+    from search.runner import run_search
+    from search.space import point_of, space_for
+    from store import Store
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(f"sqlite:///{(out_dir / f'{name}.db').resolve()}")
+    records, device = [], None
+    for problem, candidates in SUITES[name]:
+        measurer = GpuMeasurer(problem, timing=timing, timeout_s=120.0)
+        device = measurer.device
+        seeds = [point_of(SimtSpec(dtype=problem.dtype, bias=problem.bias, **c)) for c in candidates]
+        try:
+            s = run_search(problem, space_for("simt", problem.dtype), measurer, sampler=sampler, seed=0,
+                           budget=budget, store=store, seeds=seeds, progress=False, versions=versions(),
+                           command=f"python3 -m benchmarks.run --suite {name} --search {budget} --sampler {sampler}")
+        finally:
+            measurer.close()
+        record = {"problem": {**problem.to_dict(), "density": 1.0, "block": None}}
+        if s.best and "median_ms" in s.best:
+            b = s.best
+            record["ours"] = {"kernel": b["kernel"], **{k: b[k] for k in ("median_ms", "p20_ms", "p80_ms", "gbps")},
+                              "tflops": b["tflops"],
+                              "search": {"sampler": sampler, "budget": budget, "evaluated": s.evaluated,
+                                         "wall_s": round(s.wall_s, 1), "failures": dict(s.failures)}}
+            record["baselines"], record["ratio"] = b["baselines"], b["ratio"]
+            print(f"{problem.key:28s} best {b['kernel']}  {b['tflops']:.2f} TFLOP/s  "
+                  f"ratio to cuBLAS {b['ratio'].get('cublas', float('nan')):.3f}  ({s.wall_s:.0f} s)", flush=True)
+        records.append(record)
+    return records, device
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=sorted(SUITES), default="simt")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--reps-min", type=int, default=DEFAULT_TIMING["reps_min"])
+    parser.add_argument("--search", type=int, metavar="BUDGET", help="search each problem with this budget")
+    parser.add_argument("--sampler", default="tpe")
     args = parser.parse_args(argv)
     timing = dict(DEFAULT_TIMING, reps_min=args.reps_min)
-    run_suite(args.suite, args.out, timing)
+    if args.search:
+        records, device = search_suite(args.suite, args.out, timing, args.search, args.sampler)
+    else:
+        records, device = hand_suite(args.suite, timing)
+    write_results(args.suite, args.out, timing, records, device)
     return 0
 
 

@@ -76,8 +76,13 @@ def run_search(
     progress: bool = True,
     command: str = "",
     versions: dict | None = None,
+    seeds: list[dict] | None = None,
 ) -> Summary:
-    """Search ``space`` for ``problem`` until ``budget`` trials are evaluated."""
+    """Search ``space`` for ``problem`` until ``budget`` trials are evaluated.
+
+    ``seeds`` are points (values, as ``search.space.point_of`` gives) tried first when the study
+    is new: known-good variants the sampler then builds on. Points outside the space are skipped.
+    """
     if budget < 1:
         raise ValueError("budget must be >= 1")
     started = time.monotonic()
@@ -90,6 +95,12 @@ def run_search(
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(sampler, seed, space),
                                 direction="maximize", load_if_exists=True)
+
+    if seeds and not study.get_trials(deepcopy=False):
+        for point in seeds:
+            indices = space.indices(point)
+            if indices is not None:
+                study.enqueue_trial(indices, skip_if_exists=True)
 
     # What earlier runs of this study measured (a killed run leaves RUNNING trials: fail them).
     seen: dict[str, float] = {}
@@ -178,8 +189,9 @@ def run_search(
             if status != "ok":
                 summary.failures[status] += 1
             elif summary.best is None or value > summary.best["tflops"]:
-                summary.best = {"kernel": done.spec.name, "tflops": value, "ratio": result.get("ratio", {}),
-                                "median_ms": result["median_ms"]}
+                summary.best = {"kernel": done.spec.name, "tflops": value,
+                                **{k: result.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "gbps", "baselines")},
+                                "ratio": result.get("ratio", {})}
             summary.history.append(summary.best["tflops"] if summary.best else 0.0)
             bar.update(1)
             bar.set_postfix_str(_postfix(summary), refresh=False)

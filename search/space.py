@@ -52,6 +52,13 @@ class Space:
     def spec(self, point: dict, problem: Problem) -> SimtSpec:
         return to_spec(self.family, point, problem)
 
+    def indices(self, point: dict) -> dict[str, int] | None:
+        """The sampler's view of a point (choice indices), or None if a value is not a choice."""
+        try:
+            return {k: self.dims[k].index(point[k]) for k in self.dims}
+        except (KeyError, ValueError):
+            return None
+
 
 def simt_space(dtype: DType = DType.fp32) -> Space:
     """Everything the SIMT template can express that is worth trying."""
@@ -108,3 +115,12 @@ def to_spec(family: str, point: dict, problem: Problem) -> SimtSpec:
         wn=(32 // lanes_m) * p["tn"],
         **p,
     )
+
+
+def point_of(spec: SimtSpec) -> dict:
+    """The point of the SIMT space that maps onto ``spec`` (inverse of to_spec)."""
+    d = spec.to_dict()
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")}
+    point["lanes_m"] = spec.wm // spec.tm
+    point["reduce"] = spec.reduce if spec.split_k > 1 else "atomic"
+    return point

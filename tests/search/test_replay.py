@@ -107,3 +107,28 @@ def test_search_without_gpu_fails_fast_with_one_line():
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "--replay" in lines[0], out.stderr
+
+
+def test_seeds_are_tried_first():
+    from search.space import point_of
+
+    m = ReplayMeasurer(RECORDING)
+    best = m.space.spec(next(p for p in m.space.points() if m.space.spec(p, m.problem).name == m.best["kernel"]), m.problem)
+    outside = dict(point_of(best), bm=48)  # not a choice: skipped
+    summary = run_search(m.problem, m.space, m, sampler="random", seed=0, budget=3, progress=False,
+                         seeds=[outside, point_of(best)])
+    assert summary.history[0] == pytest.approx(m.best["tflops"])
+
+
+def test_point_of_inverts_to_spec():
+    from search.space import point_of
+
+    space = space_for("simt", Problem(1, 1, 1).dtype)
+    problem = Problem(32, 4096, 4096)
+    for i, point in enumerate(space.points()):
+        if i % 997:
+            continue
+        spec = space.spec(point, problem)
+        assert space.spec(point_of(spec), problem) == spec
+        if i > 200_000:
+            break
