@@ -22,6 +22,13 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--bias", action="store_true", help="add b[N]")
 
 
+def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
+    """Where results go and how kernels are built and run, for the commands that measure."""
+    p.add_argument("--db", help="store URL (default: $GEMMSCAPE_DB, else a SQLite file)")
+    p.add_argument("--arch", help="target, e.g. sm_90 (default: the visible GPU's)")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds before a kernel counts as hung")
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("kernel variant (SIMT family; unset options take the defaults shown)")
     g.add_argument("--kernel", metavar="NAME", help="a kernel name, e.g. from `codegen results`")
@@ -261,10 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="validate and time one variant and the cuBLAS baseline on the GPU")
     add_problem_args(p)
     add_spec_args(p)
-    p.add_argument("--arch")
+    add_gpu_args(p, timeout=60.0)
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a kernel counts as hung")
-    p.add_argument("--db", help="store URL (default: $GEMMSCAPE_DB, else a SQLite file)")
     p.add_argument("--no-store", action="store_true", help="do not record the trial")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -277,10 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=200, help="evaluated (compiled and run) trials, across resumed runs")
     p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
     p.add_argument("--replay", type=Path, metavar="FILE", help="answer from a recorded sweep: no GPU, nothing stored")
-    p.add_argument("--db", help="SQLAlchemy URL of the store (default: $GEMMSCAPE_DB, else a SQLite file)")
-    p.add_argument("--arch")
+    add_gpu_args(p, timeout=30.0)
     p.add_argument("--lookahead", type=int, default=4, help="candidates compiling ahead of the GPU")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a kernel counts as hung")
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true")
@@ -290,9 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_args(p)
     p.add_argument("--family", default="simt", choices=["simt"])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--db")
-    p.add_argument("--arch")
-    p.add_argument("--timeout", type=float, default=30.0)
+    add_gpu_args(p, timeout=30.0)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("export", help="write <name>.cu and <name>.json that run without gemmscape")
