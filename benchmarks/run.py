@@ -1,8 +1,11 @@
 """Benchmark suites: our best kernel and its baseline, timed side by side in one run.
 
     python3 -m benchmarks.run --suite simt [--out DIR] [--search BUDGET [--sampler tpe]]
+                              [--problems KEY [KEY ...]]
 
-Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR.
+Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR,
+rewritten after every problem, so a run that is killed keeps what it measured.
+``--problems`` keeps the suite's problems whose key (e.g. ``32x4096x4096_fp32_forward``) is given.
 Each problem's candidates are hand-picked specs; the fastest correct one is "ours". With
 ``--search``, each problem is instead searched (the candidates are tried first) with that budget,
 every trial stored in ``DIR/<suite>.db``, and the best found is "ours".
@@ -11,8 +14,12 @@ every trial stored in ``DIR/<suite>.db``, and the best found is "ours".
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime as dt
+import functools
 import json
+import multiprocessing as mp
+import os
 import re
 import sys
 from pathlib import Path
@@ -78,13 +85,45 @@ _HALF_CANDIDATES = [
     dict(_ASYNC_H, bk=32, pad=8, split_k=16, reduce="two_pass"),
     dict(_SKINNY, vec=8, split_k=8, reduce="two_pass"),
 ]
-SUITES["skinny"] = [
-    (Problem(32, 4096, 4096), _SKINNY_CANDIDATES),
-    (Problem(1, 4096, 4096), [dict(c, bm=16, wm=16, tm=2) for c in _SKINNY_CANDIDATES[:5]]),
-    (Problem(32, 4096, 4096, DType.bf16), _HALF_CANDIDATES),
-    (Problem(32, 4096, 4096, DType.fp16), _HALF_CANDIDATES),
-    (Problem(1, 4096, 4096, DType.bf16), [dict(c, bm=16, wm=16, tm=2) for c in _HALF_CANDIDATES[:4]]),
+def _direct(tm: int, tn: int, bn: int, bk: int, stages: int, split_k: int, bm: int = 32, wm: int | None = None,
+            vec: int = 4, reduce: str = "atomic") -> dict:
+    """A direct-load (no shared memory) tile: lanes_m = wm / tm, each lane owning tn W rows."""
+    wm = wm or tm
+    wn = (32 // (wm // tm)) * tn
+    return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, tm=tm, tn=tn, pad=0, vec=vec, stages=stages, copy="direct",
+                split_k=split_k, reduce=reduce if split_k > 1 else "none")
+
+
+_DIRECT32 = [
+    _direct(32, 2, 256, 16, 2, 16), _direct(32, 2, 256, 16, 2, 8), _direct(32, 2, 128, 16, 2, 16),
+    _direct(32, 2, 256, 16, 1, 16), _direct(32, 2, 256, 32, 1, 16), _direct(32, 2, 256, 8, 2, 16),
+    _direct(32, 2, 256, 16, 2, 32), _direct(32, 1, 128, 32, 2, 16), _direct(32, 1, 128, 32, 2, 8),
+    _direct(32, 1, 256, 32, 2, 16), _direct(32, 4, 512, 8, 1, 16), _direct(32, 4, 256, 8, 2, 16),
+    _direct(16, 2, 128, 16, 2, 16), _direct(16, 4, 256, 16, 1, 16), _direct(16, 4, 128, 16, 2, 16),
+    _direct(16, 4, 256, 16, 2, 8, wm=32),
 ]
+_DIRECT1 = [
+    _direct(1, 1, 256, 64, 2, 8, bm=1), _direct(1, 1, 256, 32, 2, 16, bm=1), _direct(1, 2, 256, 32, 2, 8, bm=1),
+    _direct(1, 1, 128, 64, 2, 16, bm=1), _direct(1, 1, 512, 32, 2, 8, bm=1), _direct(1, 4, 256, 16, 2, 16, bm=1),
+    _direct(1, 1, 256, 128, 1, 8, bm=1), _direct(1, 2, 128, 32, 2, 16, bm=1),
+]
+
+
+def _half(params: dict) -> dict:
+    """The same tile for 2-byte inputs: twice the elements per vector load, two-pass reduction."""
+    return dict(params, vec=8, bk=max(params["bk"], 8) * (2 if params["bk"] < 16 else 1),
+                reduce="two_pass" if params["split_k"] > 1 else "none")
+
+
+SUITES["skinny"] = [
+    (Problem(32, 4096, 4096), _DIRECT32 + _SKINNY_CANDIDATES[:1]
+     + [dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic")]),
+    (Problem(1, 4096, 4096), _DIRECT1),
+    (Problem(32, 4096, 4096, DType.bf16), [_half(c) for c in _DIRECT32[:12]]),
+    (Problem(32, 4096, 4096, DType.fp16), [_half(c) for c in _DIRECT32[:6]]),
+    (Problem(1, 4096, 4096, DType.bf16), [_half(c) for c in _DIRECT1]),
+]
+
 
 _BIG = dict(_SQ, bk=16, group_m=8)
 _GEMV = dict(bm=1, bn=256, bk=32, wm=1, wn=32, tm=1, tn=1, pad=4, vec=4, stages=3, copy="async")
@@ -123,17 +162,20 @@ SUITES["simt5"] = [
 ]
 
 
-def hand_suite(name: str, timing: dict) -> tuple[list[dict], dict]:
-    """Every hand-picked candidate of each problem; the fastest correct one, with cuBLAS."""
-    records = []
-    with Evaluator(timing=timing, timeout_s=120.0) as ev:
+def hand_suite(problems: list, timing: dict):
+    """Every hand-picked candidate of each problem; yields (record, device) per problem, with the
+    fastest correct candidate and cuBLAS."""
+    with Evaluator(timing=timing, timeout_s=120.0) as ev, \
+            cf.ProcessPoolExecutor(os.cpu_count() or 2, mp_context=mp.get_context("spawn")) as pool:
         device = ev.device()
         arch, limits = ev.target_arch, ev.limits()
-        for problem, candidates in SUITES[name]:
+        for problem, candidates in problems:
             tried = []
-            for params in candidates:
-                spec = SimtSpec(dtype=problem.dtype, bias=problem.bias, **params)
-                result = ev.run(build(spec, problem, arch, limits), problem)
+            specs = [SimtSpec(dtype=problem.dtype, bias=problem.bias, **params) for params in candidates]
+            # Compiled in parallel on the CPU, measured one at a time on the GPU.
+            built_all = pool.map(functools.partial(build, problem=problem, arch=arch, limits=limits), specs)
+            for spec, built in zip(specs, built_all, strict=True):
+                result = ev.run(built, problem)
                 tried.append((spec, result))
                 line = f"{problem.key:28s} {spec.name:60s} {result['status']}"
                 if result["status"] == "ok":
@@ -154,12 +196,10 @@ def hand_suite(name: str, timing: dict) -> tuple[list[dict], dict]:
                 }
                 record["baselines"] = best["baselines"]
                 record["ratio"] = best["ratio"]
-            records.append(record)
-    return records, device
+            yield record, device
 
 
-def write_results(name: str, out_dir: Path, timing: dict, records: list[dict], device: dict) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def write_results(name: str, path: Path, stamp: str, timing: dict, records: list[dict], device: dict) -> None:
     doc = {
         "suite": name,
         "date": stamp,
@@ -169,19 +209,15 @@ def write_results(name: str, out_dir: Path, timing: dict, records: list[dict], d
         "timing": timing,
         "records": records,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}-{re.sub(r'[^A-Za-z0-9]+', '_', device['name'])}-{stamp.replace(':', '')}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    for r in records:
-        if "ours" in r:
-            print(f"{Problem.from_dict(r['problem']).key:28s} best {r['ours']['kernel']}  {r['ours']['tflops']:.2f} TFLOP/s"
-                  f"  ratio to cuBLAS {r['ratio'].get('cublas', float('nan')):.3f}")
-    print(f"wrote {path}")
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)  # never a half-written file
 
 
-def search_suite(name: str, out_dir: Path, timing: dict, budget: int, sampler: str) -> tuple[list[dict], dict]:
-    """Search each problem of the suite (hand candidates first); the best found, with cuBLAS."""
+def search_suite(name: str, problems: list, out_dir: Path, timing: dict, budget: int, sampler: str):
+    """Search each problem (hand candidates first); yields (record, device) per problem, with the
+    best found and cuBLAS. Every trial is stored in ``out_dir/<name>.db``, so a rerun resumes."""
     from search.measure import GpuMeasurer
     from search.runner import run_search
     from search.space import point_of, space_for
@@ -189,8 +225,7 @@ def search_suite(name: str, out_dir: Path, timing: dict, budget: int, sampler: s
 
     out_dir.mkdir(parents=True, exist_ok=True)
     store = Store(f"sqlite:///{(out_dir / f'{name}.db').resolve()}")
-    records, device = [], None
-    for problem, candidates in SUITES[name]:
+    for problem, candidates in problems:
         measurer = GpuMeasurer(problem, timing=timing, timeout_s=120.0)
         device = measurer.device
         seeds = [point_of(SimtSpec(dtype=problem.dtype, bias=problem.bias, **c)) for c in candidates]
@@ -210,8 +245,7 @@ def search_suite(name: str, out_dir: Path, timing: dict, budget: int, sampler: s
             record["baselines"], record["ratio"] = b["baselines"], b["ratio"]
             print(f"{problem.key:28s} best {b['kernel']}  {b['tflops']:.2f} TFLOP/s  "
                   f"ratio to cuBLAS {b['ratio'].get('cublas', float('nan')):.3f}  ({s.wall_s:.0f} s)", flush=True)
-        records.append(record)
-    return records, device
+        yield record, device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,14 +255,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps-min", type=int, default=DEFAULT_TIMING["reps_min"])
     parser.add_argument("--search", type=int, metavar="BUDGET", help="search each problem with this budget")
     parser.add_argument("--sampler", default="tpe")
+    parser.add_argument("--problems", nargs="+", metavar="KEY", help="only these problems of the suite")
     args = parser.parse_args(argv)
     timing = dict(DEFAULT_TIMING, reps_min=args.reps_min)
+    problems = SUITES[args.suite]
+    if args.problems:
+        known = {p.key for p, _ in problems}
+        unknown = sorted(set(args.problems) - known)
+        if unknown:
+            parser.error(f"not in suite {args.suite}: {', '.join(unknown)}; its problems: {', '.join(sorted(known))}")
+        problems = [(p, c) for p, c in problems if p.key in args.problems]
     if args.search:
-        records, device = search_suite(args.suite, args.out, timing, args.search, args.sampler)
+        results = search_suite(args.suite, problems, args.out, timing, args.search, args.sampler)
     else:
-        records, device = hand_suite(args.suite, timing)
-    write_results(args.suite, args.out, timing, records, device)
-    return 0
+        results = hand_suite(problems, timing)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    records, path = [], None
+    for record, device in results:
+        records.append(record)
+        if path is None:
+            path = args.out / f"{args.suite}-{re.sub(r'[^A-Za-z0-9]+', '_', device['name'])}-{stamp.replace(':', '')}.json"
+        write_results(args.suite, path, stamp, timing, records, device)
+    for r in records:
+        if "ours" in r:
+            print(f"{Problem.from_dict(r['problem']).key:28s} best {r['ours']['kernel']}  {r['ours']['tflops']:.2f} TFLOP/s"
+                  f"  ratio to cuBLAS {r['ratio'].get('cublas', float('nan')):.3f}")
+    print(f"wrote {path}" if path else "no problem was measured")
+    return 0 if path else 1
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class Engine:
         self.rng = np.random.default_rng()  # fresh seed in every worker
         self.operands: dict[Problem, Operands] = {}
         self.baselines: dict[Problem, dict] = {}
+        self.events: tuple[Event, Event] | None = None
 
     # ---- running ------------------------------------------------------------------------------
     def run_plan(self, module: Module, plan: LaunchPlan, ops: Operands) -> None:
@@ -105,7 +106,9 @@ class Engine:
         """Events around each call, L2 flushed before each; warm-up first."""
         for _ in range(2):
             fn()
-        start, end = Event(), Event()
+        if self.events is None:  # one pair per engine: events are not freed by the garbage collector
+            self.events = (Event(), Event())
+        start, end = self.events
         start.record(self.stream)
         fn()
         end.record(self.stream)

@@ -67,16 +67,16 @@ def simt_space(dtype: DType = DType.fp32) -> Space:
         {
             "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
             "bn": (32, 64, 128, 256),
-            "bk": (8, 16, 32, 64),
-            "tm": (1, 2, 4, 8),
+            "bk": (8, 16, 32, 64, 128),
+            "tm": (1, 2, 4, 8, 16, 32),
             "tn": (1, 2, 4, 8),
             "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
             "pad": (0, 4, 8),
             "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
             "stages": (1, 2, 3, 4),
-            "copy": ("reg", "async"),
+            "copy": ("reg", "async", "direct"),
             "group_m": (1, 4, 8),
-            "split_k": (1, 2, 4, 8, 16),
+            "split_k": (1, 2, 4, 8, 16, 32),
             "reduce": ("atomic", "two_pass"),
         },
     )

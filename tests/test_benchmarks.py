@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import search.measure
 from benchmarks import run
 from codegen.problem import Problem
@@ -29,3 +31,57 @@ def test_search_mode_writes_a_record_per_problem(tmp_path, monkeypatch):
     assert record["ratio"]["cublas"] > 0 and doc["device"] == "NVIDIA H200"
     assert best["tflops"] >= record["ours"]["tflops"]
     assert (tmp_path / "replayed.db").is_file()
+
+
+class _FakeEvaluator:
+    """Stands in for the GPU: every correct build 'measures' a time from its tile size."""
+
+    target_arch = "sm_90"
+
+    def __init__(self, **kw):
+        self.seen = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def device(self):
+        return {"name": "Fake GPU", "nvrtc": "0", "driver": "0", "sm": "sm_90"}
+
+    def limits(self):
+        from codegen.spec import DeviceLimits
+
+        return DeviceLimits.for_arch(90)
+
+    def run(self, built, problem):
+        from codegen.evaluate import blank_result
+
+        if built.failure:
+            return built.failure
+        ms = 1.0 / built.spec.bn
+        return dict(blank_result("ok", ""), median_ms=ms, p20_ms=ms, p80_ms=ms, tflops=1.0, gbps=1.0,
+                    rel_error=0.0, baselines={"cublas": {"median_ms": 0.01}}, ratio={"cublas": 0.01 / ms})
+
+
+def test_hand_suite_builds_in_parallel_and_keeps_the_fastest(tmp_path, monkeypatch):
+    good = dict(bm=32, bn=64, bk=16, wm=32, wn=64, tm=32, tn=2, pad=0, vec=4, stages=1, copy="direct")
+    monkeypatch.setitem(run.SUITES, "fake", [
+        (Problem(32, 256, 256), [good, dict(good, bn=128), dict(good, pad=4)]),
+        (Problem(8, 64, 64), [dict(good, bn=64, bm=8, wm=8, tm=8)]),
+    ])
+    monkeypatch.setattr(run, "Evaluator", _FakeEvaluator)
+    out = tmp_path / "out"
+    assert run.main(["--suite", "fake", "--out", str(out), "--problems", "32x256x256_fp32_forward"]) == 0
+    (path,) = out.glob("fake-Fake_GPU-*.json")
+    (record,) = json.loads(path.read_text())["records"]  # only the problem asked for
+    assert record["ours"]["kernel"] == "simt_fp32_nobias_32x128x16_w32x64_t32x2_p0_v4_s1d_g1_k1"
+    assert [c["status"] for c in record["candidates"]] == ["ok", "ok", "invalid"]
+
+
+def test_unknown_problem_is_refused_with_the_suite_s_problems(capsys):
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--suite", "skinny", "--problems", "3x3x3_fp32_forward"])
+    assert stop.value.code == 2
+    assert "32x4096x4096_fp32_forward" in capsys.readouterr().err

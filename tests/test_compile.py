@@ -102,6 +102,21 @@ def simt_grid() -> list[SimtSpec]:
         _spec(T8X8, bk=8, split_k=8, reduce="two_pass", stages=1),
         _spec(NAIVE, bk=16, pad=0, vec=1, stages=1, split_k=2, reduce="two_pass"),
     ]
+    # cp.async multi-stage tiles (sm_80+).
+    specs += [
+        _spec(T4X8, bk=32, stages=3, copy="async"),
+        _spec(SMALL, bk=64, vec=2, stages=2, copy="async", split_k=4, reduce="two_pass"),
+        _spec(T4X4, dtype="bf16", bk=32, pad=8, vec=8, stages=4, copy="async", bias=True),
+    ]
+    # Direct loads (no shared memory): skinny, GEMV-shaped and half-precision tiles.
+    specs += [
+        SimtSpec(**geometry(32, 128, 32, 64, 32, 2), bk=16, pad=0, vec=4, stages=2, copy="direct",
+                 split_k=8, reduce="atomic"),
+        SimtSpec(**geometry(1, 256, 1, 32, 1, 1), bk=32, pad=0, vec=4, stages=1, copy="direct", bias=True),
+        SimtSpec(**geometry(32, 64, 32, 64, 32, 2), dtype="bf16", bk=16, pad=0, vec=8, stages=2, copy="direct",
+                 split_k=8, reduce="two_pass"),
+        SimtSpec(**geometry(16, 64, 16, 32, 4, 4), dtype="fp16", bk=16, pad=0, vec=2, stages=1, copy="direct"),
+    ]
     # Half types: fp32 accumulation, vector loads of 1..8 elements, two-pass split-K.
     for dtype in ("fp16", "bf16"):
         specs += [
@@ -156,7 +171,8 @@ def test_grid_is_large_valid_distinct_and_covers_the_family():
         for field, value in spec.to_dict().items():
             seen[field].add(value)
     assert seen["vec"] >= {1, 2, 4, 8}
-    assert seen["stages"] == {0, 1, 2}
+    assert seen["stages"] == {0, 1, 2, 3, 4}
+    assert seen["copy"] == {"reg", "async", "direct"}
     assert seen["dtype"] == {d.value for d in DType}
     assert seen["bias"] == {False, True}
     assert seen["reduce"] == {"none", "atomic", "two_pass"}
@@ -182,7 +198,7 @@ def test_grid_compiles_with_a_parsed_ptxas_report(spec, arch):
         assert entry["registers"] * (spec.threads if function == spec.name else 256) <= 65536
         assert {"stack", "spill_stores", "spill_loads", "barriers", "smem_static"} <= set(entry)
     main = result.report[spec.name]
-    assert main["barriers"] == (1 if spec.stages > 0 else 0)
+    assert main["barriers"] == (1 if spec.smem_bytes > 0 else 0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -245,9 +261,11 @@ def test_vec1_fp32_spec_has_only_32_bit_global_loads(spec, arch):
 def test_every_grid_spec_loads_exactly_its_vector_width():
     """The widest global load of each main kernel is vec elements wide, never wider.
 
+    Async specs are left out: their tiles travel by cp.async (LDGSTS), not LDG.
+
     Each spec is disassembled for one architecture, alternating, to keep nvdisasm's time down.
     """
-    cases = [(spec, ARCHS[i % len(ARCHS)]) for i, spec in enumerate(GRID)]
+    cases = [(spec, ARCHS[i % len(ARCHS)]) for i, spec in enumerate(GRID) if spec.copy != "async"]  # cp.async is no LDG
     cubins = [compiled(spec, arch).cubin for spec, arch in cases]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         texts = list(pool.map(sass.disassemble, cubins))
