@@ -85,45 +85,13 @@ _HALF_CANDIDATES = [
     dict(_ASYNC_H, bk=32, pad=8, split_k=16, reduce="two_pass"),
     dict(_SKINNY, vec=8, split_k=8, reduce="two_pass"),
 ]
-def _direct(tm: int, tn: int, bn: int, bk: int, stages: int, split_k: int, bm: int = 32, wm: int | None = None,
-            vec: int = 4, reduce: str = "atomic") -> dict:
-    """A direct-load (no shared memory) tile: lanes_m = wm / tm, each lane owning tn W rows."""
-    wm = wm or tm
-    wn = (32 // (wm // tm)) * tn
-    return dict(bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, tm=tm, tn=tn, pad=0, vec=vec, stages=stages, copy="direct",
-                split_k=split_k, reduce=reduce if split_k > 1 else "none")
-
-
-_DIRECT32 = [
-    _direct(32, 2, 256, 16, 2, 16), _direct(32, 2, 256, 16, 2, 8), _direct(32, 2, 128, 16, 2, 16),
-    _direct(32, 2, 256, 16, 1, 16), _direct(32, 2, 256, 32, 1, 16), _direct(32, 2, 256, 8, 2, 16),
-    _direct(32, 2, 256, 16, 2, 32), _direct(32, 1, 128, 32, 2, 16), _direct(32, 1, 128, 32, 2, 8),
-    _direct(32, 1, 256, 32, 2, 16), _direct(32, 4, 512, 8, 1, 16), _direct(32, 4, 256, 8, 2, 16),
-    _direct(16, 2, 128, 16, 2, 16), _direct(16, 4, 256, 16, 1, 16), _direct(16, 4, 128, 16, 2, 16),
-    _direct(16, 4, 256, 16, 2, 8, wm=32),
-]
-_DIRECT1 = [
-    _direct(1, 1, 256, 64, 2, 8, bm=1), _direct(1, 1, 256, 32, 2, 16, bm=1), _direct(1, 2, 256, 32, 2, 8, bm=1),
-    _direct(1, 1, 128, 64, 2, 16, bm=1), _direct(1, 1, 512, 32, 2, 8, bm=1), _direct(1, 4, 256, 16, 2, 16, bm=1),
-    _direct(1, 1, 256, 128, 1, 8, bm=1), _direct(1, 2, 128, 32, 2, 16, bm=1),
-]
-
-
-def _half(params: dict) -> dict:
-    """The same tile for 2-byte inputs: twice the elements per vector load, two-pass reduction."""
-    return dict(params, vec=8, bk=max(params["bk"], 8) * (2 if params["bk"] < 16 else 1),
-                reduce="two_pass" if params["split_k"] > 1 else "none")
-
-
 SUITES["skinny"] = [
-    (Problem(32, 4096, 4096), _DIRECT32 + _SKINNY_CANDIDATES[:1]
-     + [dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic")]),
-    (Problem(1, 4096, 4096), _DIRECT1),
-    (Problem(32, 4096, 4096, DType.bf16), [_half(c) for c in _DIRECT32[:12]]),
-    (Problem(32, 4096, 4096, DType.fp16), [_half(c) for c in _DIRECT32[:6]]),
-    (Problem(1, 4096, 4096, DType.bf16), [_half(c) for c in _DIRECT1]),
+    (Problem(32, 4096, 4096), _SKINNY_CANDIDATES),
+    (Problem(1, 4096, 4096), [dict(c, bm=16, wm=16, tm=2) for c in _SKINNY_CANDIDATES[:5]]),
+    (Problem(32, 4096, 4096, DType.bf16), _HALF_CANDIDATES),
+    (Problem(32, 4096, 4096, DType.fp16), _HALF_CANDIDATES),
+    (Problem(1, 4096, 4096, DType.bf16), [dict(c, bm=16, wm=16, tm=2) for c in _HALF_CANDIDATES[:4]]),
 ]
-
 
 _BIG = dict(_SQ, bk=16, group_m=8)
 _GEMV = dict(bm=1, bn=256, bk=32, wm=1, wn=32, tm=1, tn=1, pad=4, vec=4, stages=3, copy="async")
@@ -140,7 +108,8 @@ SUITES["simt5"] = [
     (Problem(128, 4096, 4096), [dict(_BIG, split_k=2, reduce="atomic"), dict(_BIG, split_k=4, reduce="atomic"),
                                 dict(_BIG, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, split_k=4, reduce="atomic"),
                                 dict(_BIG, bm=128, bn=64, wm=32, wn=32, tm=8, tn=4, copy="async", stages=4, bk=32, split_k=4, reduce="atomic")]),
-    (Problem(32, 4096, 4096), [dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic"),
+    (Problem(32, 4096, 4096), [dict(_ASYNC, split_k=8, reduce="atomic"), dict(_ASYNC, stages=2, split_k=16, reduce="atomic"),
+                               dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, stages=4, split_k=8, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, bk=16, stages=4, split_k=8, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, split_k=4, reduce="atomic"),

@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from codegen.problem import DType, Problem
 
 REDUCES = ("none", "atomic", "two_pass")
-COPIES = ("reg", "async", "direct")
-_COPY_MARK = {"reg": "", "async": "c", "direct": "d"}
+COPIES = ("reg", "async")
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,7 @@ class SimtSpec:
     loads; lanes own strided 4-wide chunks of the warp tile. With ``copy="async"`` tiles go
     global -> shared with ``cp.async`` (sm_80+) into ``stages`` (2-4) buffers kept in the input
     type and k-contiguous; the inner loop reads 4-wide k fragments and lanes own rows strided by
-    the lane count (conflict-free with ``pad``). With ``copy="direct"`` there is no shared memory:
-    each lane loads its W rows ``bk`` values at a time straight into registers (``stages`` 2 loads
-    the next ``bk`` while this one is used) and each X row, the same for a row of lanes, arrives
-    through L1 as a broadcast; the skinny-layer kernel, where the work is streaming W. Lanes of a
-    warp form a ``(wm/tm) × (wn/tn)`` grid.
+    the lane count (conflict-free with ``pad``). Lanes of a warp form a ``(wm/tm) × (wn/tn)`` grid.
     """
 
     dtype: DType = DType.fp32
@@ -85,14 +80,14 @@ class SimtSpec:
         return (
             f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
-            f"_p{self.pad}_v{self.vec}_s{self.stages}{_COPY_MARK[self.copy]}"
+            f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
             f"_g{self.group_m}_k{self.split_k}{red}"
         )
 
     _NAME = re.compile(
         r"simt_(?P<dtype>fp32|fp16|bf16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)(?P<copy>[cd]?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
     )
 
     @classmethod
@@ -105,7 +100,7 @@ class SimtSpec:
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
-            copy={v: k for k, v in _COPY_MARK.items()}[g.pop("copy")],
+            copy="async" if g.pop("copy") else "reg",
             **{k: int(v) for k, v in g.items()},
         )
         assert spec.name == name
@@ -145,13 +140,13 @@ class SimtSpec:
     @property
     def rm(self) -> int:
         """Consecutive rows a lane owns: its fragment width along m (1, 2 or 4)."""
-        if self.copy != "reg":
+        if self.copy == "async":
             return 1
         return 4 if self.tm % 4 == 0 else (2 if self.tm % 2 == 0 else 1)
 
     @property
     def rn(self) -> int:
-        if self.copy != "reg":
+        if self.copy == "async":
             return 1
         return 4 if self.tn % 4 == 0 else (2 if self.tn % 2 == 0 else 1)
 
@@ -171,7 +166,7 @@ class SimtSpec:
 
     @property
     def smem_bytes(self) -> int:
-        if self.stages == 0 or self.copy == "direct":
+        if self.stages == 0:
             return 0
         if self.copy == "async":
             return self.dtype.itemsize * self.stages * (self.bm + self.bn) * (self.bk + self.pad)
@@ -179,9 +174,6 @@ class SimtSpec:
 
     @property
     def regs_estimate(self) -> int:
-        if self.copy == "direct":
-            # this lane's W for `stages` k-tiles, raw, and one X vector
-            return self.tm * self.tn + self.stages * self.tn * self.bk * self.dtype.itemsize // 4 + self.vec + 24
         if self.copy == "async":
             # fragments of two k-steps live, and an address per unrolled tile load
             return self.tm * self.tn + 2 * self.kv * (self.tm + self.tn) + 2 * (self.a_loads + self.w_loads) + 32
@@ -207,8 +199,6 @@ class SimtSpec:
             why.append(f"stages must be 0, 1 or 2 with register copies, got {self.stages}")
         elif self.copy == "async" and self.stages not in (2, 3, 4):
             why.append(f"stages must be 2, 3 or 4 with async copies, got {self.stages}")
-        elif self.copy == "direct" and self.stages not in (1, 2):
-            why.append(f"stages must be 1 or 2 with direct loads, got {self.stages}")
         if self.bm % self.wm or self.bn % self.wn:
             why.append(f"warp tile {self.wm}x{self.wn} does not divide block tile {self.bm}x{self.bn}")
         if self.wm % self.tm or self.wn % self.tn:
@@ -218,8 +208,8 @@ class SimtSpec:
                 f"warp tile {self.wm}x{self.wn} / thread tile {self.tm}x{self.tn} gives "
                 f"{self.lanes_m * self.lanes_n} lanes, a warp has 32"
             )
-        if any((side not in (1, 2) and side % 4) or side > 32 for side in (self.tm, self.tn)):
-            why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 32")
+        if any((side not in (1, 2) and side % 4) or side > 16 for side in (self.tm, self.tn)):
+            why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why
         if self.threads > limits.max_threads:
@@ -233,8 +223,6 @@ class SimtSpec:
         else:
             if self.bk % self.vec:
                 why.append(f"vec {self.vec} does not divide bk {self.bk}")
-            if self.copy == "direct" and self.pad:
-                why.append("direct loads use no shared memory: pad must be 0")
             if self.copy == "async":
                 row_bytes = (self.bk + self.pad) * self.dtype.itemsize
                 if self.vec * self.dtype.itemsize not in (4, 8, 16):

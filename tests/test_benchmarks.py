@@ -66,17 +66,17 @@ class _FakeEvaluator:
 
 
 def test_hand_suite_builds_in_parallel_and_keeps_the_fastest(tmp_path, monkeypatch):
-    good = dict(bm=32, bn=64, bk=16, wm=32, wn=64, tm=32, tn=2, pad=0, vec=4, stages=1, copy="direct")
+    good = dict(bm=32, bn=64, bk=16, wm=32, wn=16, tm=4, tn=4, pad=4, vec=4, stages=3, copy="async")
     monkeypatch.setitem(run.SUITES, "fake", [
-        (Problem(32, 256, 256), [good, dict(good, bn=128), dict(good, pad=4)]),
-        (Problem(8, 64, 64), [dict(good, bn=64, bm=8, wm=8, tm=8)]),
+        (Problem(32, 256, 256), [good, dict(good, bn=128), dict(good, pad=2)]),
+        (Problem(8, 64, 64), [dict(good, bm=8, wm=8, tm=1)]),
     ])
     monkeypatch.setattr(run, "Evaluator", _FakeEvaluator)
     out = tmp_path / "out"
     assert run.main(["--suite", "fake", "--out", str(out), "--problems", "32x256x256_fp32_forward"]) == 0
     (path,) = out.glob("fake-Fake_GPU-*.json")
     (record,) = json.loads(path.read_text())["records"]  # only the problem asked for
-    assert record["ours"]["kernel"] == "simt_fp32_nobias_32x128x16_w32x64_t32x2_p0_v4_s1d_g1_k1"
+    assert record["ours"]["kernel"] == "simt_fp32_nobias_32x128x16_w32x16_t4x4_p4_v4_s3c_g1_k1"
     assert [c["status"] for c in record["candidates"]] == ["ok", "ok", "invalid"]
 
 

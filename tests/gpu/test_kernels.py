@@ -43,18 +43,12 @@ VARIANTS = [
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=4, copy="async", group_m=4),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="atomic"),
     dict(bm=16, bn=64, bk=64, wm=16, wn=16, tm=2, tn=4, pad=4, vec=2, stages=2, copy="async", split_k=4, reduce="two_pass"),
-    dict(bm=32, bn=128, bk=16, wm=32, wn=64, tm=32, tn=2, pad=0, vec=4, stages=2, copy="direct", split_k=8, reduce="atomic"),
-    dict(bm=32, bn=128, bk=16, wm=16, wn=64, tm=16, tn=2, pad=0, vec=4, stages=1, copy="direct", split_k=3, reduce="two_pass"),
-    dict(bm=1, bn=256, bk=32, wm=1, wn=32, tm=1, tn=1, pad=0, vec=4, stages=2, copy="direct", split_k=8, reduce="atomic"),
-    dict(bm=16, bn=64, bk=8, wm=8, wn=16, tm=2, tn=2, pad=0, vec=2, stages=2, copy="direct"),
 ]
 HALF_VARIANTS = [
     dict(BIG, vec=8, bk=16),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=8, stages=2, split_k=4, reduce="two_pass"),
     dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="two_pass"),
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),
-    dict(bm=32, bn=64, bk=16, wm=32, wn=64, tm=32, tn=2, pad=0, vec=8, stages=2, copy="direct", split_k=8, reduce="two_pass"),
-    dict(bm=16, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, pad=0, vec=2, stages=1, copy="direct"),
 ]
 CASES = [(DType.fp32, bias, v) for v in VARIANTS for bias in (False, True)] + [
     (dt, bias, v) for dt in (DType.fp16, DType.bf16) for v in HALF_VARIANTS for bias in (False, True)
