@@ -97,6 +97,14 @@ _BIG = dict(_SQ, bk=16, group_m=8)
 _GEMV = dict(bm=1, bn=256, bk=32, wm=1, wn=32, tm=1, tn=1, pad=4, vec=4, stages=3, copy="async")
 _GEMV_H = dict(_GEMV, bk=64, pad=8, vec=8, stages=3)
 _HALF8 = dict(bm=32, bn=128, bk=32, wm=32, wn=64, tm=8, tn=8, pad=8, vec=8, stages=3, copy="async")
+#: Skinny tiles that read 256-512 B of each W row per tile: (bn, wm, wn, tm, tn, bk, stages, split_k).
+_LONG_ROWS = [
+    (64, 32, 16, 4, 4, 64, 3, 4), (64, 32, 16, 4, 4, 64, 2, 8), (64, 32, 16, 4, 4, 128, 2, 4),
+    (64, 32, 16, 4, 4, 128, 2, 8), (128, 16, 64, 4, 8, 64, 2, 8), (128, 16, 64, 4, 8, 64, 2, 4),
+    (32, 16, 16, 2, 4, 128, 3, 8), (32, 16, 16, 2, 4, 128, 2, 4), (32, 16, 16, 2, 4, 64, 4, 8),
+    (64, 16, 32, 2, 8, 64, 3, 8), (64, 16, 32, 2, 8, 128, 2, 8), (128, 16, 64, 4, 8, 32, 4, 8),
+    (128, 16, 64, 4, 8, 32, 3, 16),
+]
 #: Issue 5's shapes, hand-picked candidates (a first look; searches come later).
 SUITES["simt5"] = [
     (Problem(4096, 4096, 4096), [_BIG, dict(_BIG, copy="async", stages=3), dict(_BIG, copy="async", stages=4, bk=32),
@@ -108,7 +116,10 @@ SUITES["simt5"] = [
     (Problem(128, 4096, 4096), [dict(_BIG, split_k=2, reduce="atomic"), dict(_BIG, split_k=4, reduce="atomic"),
                                 dict(_BIG, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, split_k=4, reduce="atomic"),
                                 dict(_BIG, bm=128, bn=64, wm=32, wn=32, tm=8, tn=4, copy="async", stages=4, bk=32, split_k=4, reduce="atomic")]),
-    (Problem(32, 4096, 4096), [dict(_ASYNC, split_k=8, reduce="atomic"), dict(_ASYNC, stages=2, split_k=16, reduce="atomic"),
+    (Problem(32, 4096, 4096), [dict(_ASYNC, wm=16, wn=64, split_k=8, reduce="atomic")]  # best of the first search
+     + [dict(_ASYNC, bn=bn, wm=wm, wn=wn, tm=tm, tn=tn, bk=bk, stages=st, split_k=sk, reduce="atomic")
+        for bn, wm, wn, tm, tn, bk, st, sk in _LONG_ROWS]  # longer W row runs per tile
+     + [dict(_ASYNC, split_k=8, reduce="atomic"), dict(_ASYNC, stages=2, split_k=16, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, stages=4, split_k=8, reduce="atomic"),
                                dict(_ASYNC, bn=64, wn=16, tn=4, bk=16, stages=4, split_k=8, reduce="atomic"),
