@@ -85,20 +85,6 @@ _HALF_CANDIDATES = [
     dict(_ASYNC_H, bk=32, pad=8, split_k=16, reduce="two_pass"),
     dict(_SKINNY, vec=8, split_k=8, reduce="two_pass"),
 ]
-#: The best skinny tiles of the searches, asked for 2-4 resident blocks per SM (fewer registers each).
-_BEST32 = dict(_ASYNC, wm=16, wn=64, split_k=8, reduce="atomic")
-_OCCUPANCY = [
-    _BEST32, dict(_BEST32, min_blocks=3), dict(_BEST32, stages=2, min_blocks=3), dict(_BEST32, stages=2, min_blocks=4),
-    dict(_BEST32, stages=2, split_k=16, min_blocks=4), dict(_BEST32, split_k=16, min_blocks=3),
-    dict(_ASYNC, split_k=8, reduce="atomic", min_blocks=3), dict(_ASYNC, stages=2, split_k=8, reduce="atomic", min_blocks=4),
-    dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic", min_blocks=3),
-    dict(_ASYNC, bn=64, wn=16, tn=4, split_k=8, reduce="atomic", min_blocks=4),
-    dict(_ASYNC, bn=64, wn=16, tn=4, split_k=16, reduce="atomic", min_blocks=4),
-    dict(_ASYNC, bn=64, wn=16, tn=4, stages=4, split_k=8, reduce="atomic", min_blocks=4),
-]
-SUITES["occupancy"] = [(Problem(32, 4096, 4096), _OCCUPANCY),
-                       (Problem(32, 4096, 4096, DType.bf16),
-                        [dict(c, vec=8, bk=64, pad=8, reduce="two_pass") for c in _OCCUPANCY[:8]])]
 SUITES["skinny"] = [
     (Problem(32, 4096, 4096), _SKINNY_CANDIDATES),
     (Problem(1, 4096, 4096), [dict(c, bm=16, wm=16, tm=2) for c in _SKINNY_CANDIDATES[:5]]),

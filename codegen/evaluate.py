@@ -98,7 +98,7 @@ class Evaluator:
     def limits(self) -> DeviceLimits:
         info = self.device()
         base = DeviceLimits.for_arch(info["sm"])
-        return DeviceLimits(sm=base.sm, max_smem=info["max_smem_optin"], smem_per_sm=info["max_smem_optin"] + 1024)
+        return DeviceLimits(sm=base.sm, max_smem=info["max_smem_optin"])
 
     def baselines(self, problem: Problem) -> dict:
         """Make the worker hold the problem's inputs and reference; time the baseline once per run."""

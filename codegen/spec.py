@@ -18,7 +18,6 @@ class DeviceLimits:
     sm: int = 90
     max_threads: int = 1024
     max_smem: int = 232448  # opt-in dynamic shared memory per block, bytes
-    smem_per_sm: int = 233472  # shared memory of one multiprocessor, bytes (1 KiB of it reserved per block)
     max_regs_per_thread: int = 255
     regs_per_block: int = 65536
 
@@ -31,7 +30,7 @@ class DeviceLimits:
                 raise ValueError(f"not an architecture: {sm!r}")
             sm = int(match.group(1))
         smem = {80: 166912, 86: 101376, 89: 101376, 90: 232448}.get(sm, 232448 if sm >= 90 else 101376)
-        return cls(sm=sm, max_smem=smem, smem_per_sm=smem + 1024)
+        return cls(sm=sm, max_smem=smem)
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,6 @@ class SimtSpec:
     group_m: int = 1
     split_k: int = 1
     reduce: str = "none"
-    min_blocks: int = 1  # occupancy asked of the compiler: __launch_bounds__(threads, min_blocks)
 
     family = "simt"
 
@@ -84,14 +82,12 @@ class SimtSpec:
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
             f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
             f"_g{self.group_m}_k{self.split_k}{red}"
-            + (f"_o{self.min_blocks}" if self.min_blocks != 1 else "")
         )
 
     _NAME = re.compile(
         r"simt_(?P<dtype>fp32|fp16|bf16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
         r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
-        r"(?:_o(?P<min_blocks>\d+))?"
     )
 
     @classmethod
@@ -100,7 +96,6 @@ class SimtSpec:
         if not match:
             raise ValueError(f"not a SIMT kernel name: {name!r}")
         g = match.groupdict()
-        g["min_blocks"] = g["min_blocks"] or "1"
         spec = cls(
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
@@ -178,11 +173,6 @@ class SimtSpec:
         return 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad))
 
     @property
-    def regs_cap(self) -> int:
-        """Registers per thread the compiler may use: 255, or less to fit min_blocks blocks per SM."""
-        return min(255, 65536 // (self.threads * self.min_blocks) // 8 * 8)
-
-    @property
     def regs_estimate(self) -> int:
         if self.copy == "async":
             # fragments of two k-steps live, and an address per unrolled tile load
@@ -195,7 +185,7 @@ class SimtSpec:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
         why: list[str] = []
-        positive = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k", "min_blocks")
+        positive = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k")
         for name in positive:
             if getattr(self, name) < 1:
                 why.append(f"{name} must be >= 1")
@@ -246,13 +236,7 @@ class SimtSpec:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
             if self.smem_bytes > limits.max_smem:
                 why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if self.min_blocks > 1:
-            if self.regs_cap < self.tm * self.tn + 24:
-                why.append(f"{self.min_blocks} blocks per SM leave {self.regs_cap} registers per thread, "
-                           f"too few for {self.tm * self.tn} accumulators")
-            if self.min_blocks * (self.smem_bytes + 1024) > limits.smem_per_sm:
-                why.append(f"{self.min_blocks} blocks of {self.smem_bytes} B shared memory do not fit on one SM")
-        elif self.regs_estimate > limits.max_regs_per_thread:
+        if self.regs_estimate > limits.max_regs_per_thread:
             why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
         elif self.regs_estimate * self.threads > limits.regs_per_block:
             why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")

@@ -8,7 +8,6 @@ the worker measures, so the GPU does not wait for NVRTC.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -148,10 +147,8 @@ class ReplayMeasurer:
         self.space = Space.from_dict(data["space"])
         self.device = data["device"]
         self.arch = self.device.get("sm", "sm_90")
-        self.limits = DeviceLimits.for_arch(self.arch)
-        if "max_smem_optin" in self.device:
-            smem = self.device["max_smem_optin"]
-            self.limits = dataclasses.replace(self.limits, max_smem=smem, smem_per_sm=smem + 1024)
+        base = DeviceLimits.for_arch(self.arch)
+        self.limits = DeviceLimits(sm=base.sm, max_smem=self.device.get("max_smem_optin", base.max_smem))
         self.results: dict[str, dict] = data["results"]
         self._baselines = data.get("baselines", {})
         self.pending: deque[tuple[object, SimtSpec]] = deque()

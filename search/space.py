@@ -78,7 +78,6 @@ def simt_space(dtype: DType = DType.fp32) -> Space:
             "group_m": (1, 4, 8),
             "split_k": (1, 2, 4, 8, 16, 32),
             "reduce": ("atomic", "two_pass"),
-            "min_blocks": (1, 2, 3, 4),
         },
     )
 
@@ -90,7 +89,6 @@ RESTRICTED = {
     "simt": dict(
         bm=(64, 128, 256), bn=(64, 128), bk=(8, 16, 32), tm=(4, 8), tn=(4, 8), lanes_m=(2, 4, 8),
         pad=(0, 4), vec=(4,), stages=(2,), copy=("reg",), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
-        min_blocks=(1,),
     ),
 }
 
@@ -122,8 +120,7 @@ def to_spec(family: str, point: dict, problem: Problem) -> SimtSpec:
 def point_of(spec: SimtSpec) -> dict:
     """The point of the SIMT space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k",
-                               "min_blocks")}
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")}
     point["lanes_m"] = spec.wm // spec.tm
     point["reduce"] = spec.reduce if spec.split_k > 1 else "atomic"
     return point

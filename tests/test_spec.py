@@ -259,18 +259,6 @@ def test_rejects_bad_stages_and_naive_with_tiles():
     assert "stages=0 (no shared memory) takes bk=1, pad=0, vec=1" in reasons(with_(stages=0))
 
 
-def test_min_blocks_caps_registers_and_needs_room():
-    base = dict(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async")
-    spec = SimtSpec(**base, min_blocks=3)
-    assert spec.name.endswith("_s3c_g1_k1_o3") and SimtSpec.from_name(spec.name) == spec
-    assert SimtSpec(**base).name.endswith("_k1") and spec.regs_cap == 168 and SimtSpec(**base).regs_cap == 255
-    assert not spec.check()
-    assert "do not fit on one SM" in reasons(SimtSpec(**base, min_blocks=4))  # 4 x 69 KB > 228 KB
-    assert "too few for 64 accumulators" in reasons(SimtSpec(bm=128, bn=128, bk=8, wm=32, wn=64, tm=8, tn=8,
-                                                             min_blocks=8))
-    assert "min_blocks must be >= 1" in reasons(SimtSpec(**base, min_blocks=0))
-
-
 def test_async_copy_rules():
     assert not with_(copy="async", stages=3, bk=16).check()
     assert "need sm_80 or newer" in " ".join(SimtSpec(copy="async", stages=3).check(None, DeviceLimits.for_arch(75)))

@@ -43,17 +43,12 @@ VARIANTS = [
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=4, copy="async", group_m=4),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="atomic"),
     dict(bm=16, bn=64, bk=64, wm=16, wn=16, tm=2, tn=4, pad=4, vec=2, stages=2, copy="async", split_k=4, reduce="two_pass"),
-    dict(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=2, copy="async", split_k=8, reduce="atomic",
-         min_blocks=4),
-    dict(BIG, min_blocks=2),
 ]
 HALF_VARIANTS = [
     dict(BIG, vec=8, bk=16),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=8, stages=2, split_k=4, reduce="two_pass"),
     dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="two_pass"),
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),
-    dict(bm=32, bn=128, bk=64, wm=16, wn=64, tm=4, tn=8, pad=8, vec=8, stages=2, copy="async", split_k=8, reduce="two_pass",
-         min_blocks=4),
 ]
 CASES = [(DType.fp32, bias, v) for v in VARIANTS for bias in (False, True)] + [
     (dt, bias, v) for dt in (DType.fp16, DType.bf16) for v in HALF_VARIANTS for bias in (False, True)
@@ -70,7 +65,7 @@ def test_case_count():
     assert len(CASES) >= 30
 
 
-@pytest.mark.parametrize("dtype,bias,params", CASES, ids=[SimtSpec(dtype=d, bias=b, **v).name for d, b, v in CASES])
+@pytest.mark.parametrize("dtype,bias,params", CASES, ids=lambda v: v if isinstance(v, str) else None)
 def test_correct_on_all_shapes(evaluator, dtype, bias, params):
     spec = SimtSpec(dtype=dtype, bias=bias, **params)
     for m, n, k in SHAPES:
