@@ -65,7 +65,7 @@ def test_case_count():
     assert len(CASES) >= 30
 
 
-@pytest.mark.parametrize("dtype,bias,params", CASES, ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("dtype,bias,params", CASES, ids=[SimtSpec(dtype=d, bias=b, **v).name for d, b, v in CASES])
 def test_correct_on_all_shapes(evaluator, dtype, bias, params):
     spec = SimtSpec(dtype=dtype, bias=bias, **params)
     for m, n, k in SHAPES:
