@@ -2,10 +2,7 @@
 # On the lent H200: GPU tier, then the 200-trial searches whose wall time issue #3 asks for.
 # usage (device tool, carry .whl): bash benchmarks/device_search.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 GEMMSCAPE_CACHE=/tmp/gemmscape-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 DB="sqlite:///$OUT/h200.db"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15

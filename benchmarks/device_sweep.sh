@@ -3,10 +3,7 @@
 # recording the CPU tests and README use), then a skinny-shape search for comparison with cuBLAS.
 # usage (device tool, carry .whl): bash benchmarks/device_sweep.sh [pytest args...]
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 GEMMSCAPE_CACHE=/tmp/gemmscape-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 DB="sqlite:///$OUT/h200-sweep.db"
 if [ $# -gt 0 ]; then timeout 200 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -5; fi
 SECONDS=0
