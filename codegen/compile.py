@@ -81,13 +81,16 @@ def include_dirs() -> tuple[str, ...]:
             candidates.append(Path(os.environ[var]) / "include")
     candidates += _pip_include_dirs()
     candidates.append(Path("/usr/local/cuda/include"))
-    found = [str(d) for d in candidates if (d / "cuda_fp16.h").is_file()]
+    found = [d for d in candidates if (d / "cuda_fp16.h").is_file()]
     if not found:
         raise RuntimeError(
             "CUDA headers not found: install the pip package nvidia-cuda-runtime "
             "(pip install -e .), or set CUDA_HOME to a CUDA toolkit"
         )
-    return tuple(dict.fromkeys(found))[:1]
+    # One folder only (headers of two toolkits do not mix); prefer one that also has mma.h's
+    # internals (crt/, from the pip package nvidia-cuda-crt or a toolkit), which wmma needs.
+    complete = [d for d in found if (d / "crt" / "mma.h").is_file()]
+    return (str((complete or found)[0]),)
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import numpy as np
 from codegen.problem import DType, Problem
 
 #: numpy storage type of each element type (bf16 is kept as its 16 raw bits).
-STORAGE = {DType.fp32: np.float32, DType.fp16: np.float16, DType.bf16: np.uint16}
+STORAGE = {DType.fp32: np.float32, DType.tf32: np.float32, DType.fp16: np.float16, DType.bf16: np.uint16}
 #: 16-bit pattern of a quiet NaN, used to poison outputs before a run.
 NAN16 = {DType.fp16: 0x7E00, DType.bf16: 0x7FC0}
 NAN32_HALVES = 0x7FC0  # the high and low halves of 0x7FC07FC0, a float32 NaN

@@ -142,9 +142,11 @@ class Engine:
             import torch.nn.functional as F
         except ImportError:
             return {"note": "torch is not installed: no cuBLAS baseline"}
-        torch.backends.cuda.matmul.allow_tf32 = False
+        # cuBLAS in the problem's own arithmetic: TF32 tensor cores for tf32, plain fp32 for fp32.
+        torch.backends.cuda.matmul.allow_tf32 = problem.dtype is DType.tf32
         ops = self.operands[problem]
-        tdtype = {DType.fp32: torch.float32, DType.fp16: torch.float16, DType.bf16: torch.bfloat16}[problem.dtype]
+        tdtype = {DType.fp32: torch.float32, DType.tf32: torch.float32, DType.fp16: torch.float16,
+                  DType.bf16: torch.bfloat16}[problem.dtype]
 
         def tensor(a: np.ndarray):
             t = torch.from_numpy(a.view(np.int16) if problem.dtype is DType.bf16 else a)

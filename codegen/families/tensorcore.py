@@ -1,0 +1,353 @@
+"""Tensor-core family: warp-level matrix instructions fed by a cp.async multi-stage pipeline.
+
+Two ways to drive the tensor cores, a spec dimension: ``mma="mma"`` issues PTX ``mma.sync``
+(m16n8k16 for bf16/fp16, m16n8k8 for tf32) with operands read from shared memory by
+``ldmatrix``; ``mma="wmma"`` uses the ``nvcuda::wmma`` API (16x16x16, 16x16x8 for tf32), the
+seed article's form. Both accumulate in fp32. X and W tiles travel global -> shared with 16-byte
+``cp.async`` into ``stages`` buffers, k-contiguous, laid out with an XOR swizzle of 16-byte
+chunks or a 16-byte row pad (so ``ldmatrix`` reads are free of bank conflicts). Warps split the
+block tile ``warps_m x warps_n`` ways and, with ``warps_k`` > 1, also split each k-tile (slice-K,
+reduced through shared memory). ``split_k`` splits K over the grid (atomic for fp32 outputs, or
+two passes through an fp32 workspace). ``prepass="pack"`` first copies X and W into the workspace
+with rows padded to 16 bytes, so shapes whose K breaks 16-byte row alignment still run the fast
+pipeline. The epilogue adds the bias in fp32, converts, and stores either straight from the
+accumulators (pairs of elements) or staged through shared memory as 16-byte rows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
+
+from codegen.launch import REDUCE_ARGS, REDUCE_THREADS, KernelLaunch, LaunchPlan
+from codegen.problem import DType, Problem
+from codegen.spec import DeviceLimits
+
+NAME = "tensorcore"
+DTYPES = (DType.bf16, DType.fp16, DType.tf32)
+MMAS = ("mma", "wmma")
+LAYOUTS = ("swizzle", "pad")
+EPILOGUES = ("direct", "smem")
+REDUCES = ("none", "atomic", "two_pass")
+PREPASSES = ("none", "pack")
+PACK_THREADS = 256
+C_PAD = 8  # floats of padding per row of the staged fp32 output tile (conflict-free pair stores)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One tensor-core GEMM variant; its generated ``name`` is its identity."""
+
+    dtype: DType = DType.bf16
+    bias: bool = False
+    mma: str = field(default="mma", metadata={"choices": MMAS, "help": "mma.sync + ldmatrix, or the wmma API"})
+    bm: int = field(default=128, metadata={"help": "block tile rows (M)"})
+    bn: int = field(default=128, metadata={"help": "block tile columns (N)"})
+    bk: int = field(default=32, metadata={"help": "k-tile depth"})
+    wm: int = field(default=64, metadata={"help": "warp tile rows"})
+    wn: int = field(default=64, metadata={"help": "warp tile columns"})
+    warps_k: int = field(default=1, metadata={"help": "warps splitting each k-tile (slice-K)"})
+    stages: int = field(default=3, metadata={"help": "cp.async pipeline depth (2-5)"})
+    smem: str = field(default="swizzle", metadata={"choices": LAYOUTS, "help": "shared tile layout"})
+    epilogue: str = field(default="direct", metadata={"choices": EPILOGUES, "help": "output stores"})
+    group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
+    split_k: int = field(default=1, metadata={"help": "K split over the grid"})
+    reduce: str = field(default="none", metadata={"choices": REDUCES, "help": "split-K reduction"})
+    prepass: str = field(default="none", metadata={"choices": PREPASSES, "help": "pack rows to 16 bytes first"})
+
+    family: ClassVar[str] = NAME
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DType(self.dtype))
+        object.__setattr__(self, "bias", bool(self.bias))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"{f.name} must be an int, got {value!r}")
+            if f.type == "str" and not isinstance(value, str):
+                raise TypeError(f"{f.name} must be a string, got {value!r}")
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        red = {"none": "", "atomic": "a", "two_pass": "r"}.get(self.reduce, "?")
+        return (
+            f"tc_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.mma}"
+            f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}x{self.warps_k}"
+            f"_s{self.stages}{'x' if self.smem == 'swizzle' else 'p'}_e{self.epilogue[0]}"
+            f"_g{self.group_m}_k{self.split_k}{red}{'_pk' if self.prepass == 'pack' else ''}"
+        )
+
+    _NAME = re.compile(
+        r"tc_(?P<dtype>bf16|fp16|tf32)_(?P<bias>bias|nobias)_(?P<mma>mma|wmma)"
+        r"_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_w(?P<wm>\d+)x(?P<wn>\d+)x(?P<warps_k>\d+)"
+        r"_s(?P<stages>\d+)(?P<smem>[xp])_e(?P<epilogue>[ds])_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+        r"(?P<prepass>(_pk)?)"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> Spec:
+        match = cls._NAME.fullmatch(name)
+        if not match:
+            raise ValueError(f"not a {NAME} kernel name: {name!r}")
+        g = match.groupdict()
+        spec = cls(
+            dtype=DType(g.pop("dtype")),
+            bias=g.pop("bias") == "bias",
+            mma=g.pop("mma"),
+            smem="swizzle" if g.pop("smem") == "x" else "pad",
+            epilogue="direct" if g.pop("epilogue") == "d" else "smem",
+            reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
+            prepass="pack" if g.pop("prepass") else "none",
+            **{k: int(v) for k, v in g.items()},
+        )
+        if spec.name != name:
+            raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
+        return spec
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["dtype"] = self.dtype.value
+        d["family"] = self.family
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Spec:
+        if d.get("family", NAME) != NAME:
+            raise ValueError(f"a {d['family']} spec is not a {NAME} spec")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def elem(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def chunk_elems(self) -> int:
+        """Elements in one 16-byte chunk (the unit of cp.async and of an ldmatrix row)."""
+        return 16 // self.elem
+
+    @property
+    def k_step(self) -> int:
+        """k per instruction: 16 for 16-bit inputs, 8 for tf32 (two chunks either way)."""
+        return 32 // self.elem
+
+    @property
+    def chunks(self) -> int:
+        """16-byte chunks in one k-tile row."""
+        return self.bk * self.elem // 16
+
+    @property
+    def frag_n(self) -> int:
+        """Columns of one instruction tile: 8 for mma.sync, 16 for wmma."""
+        return 8 if self.mma == "mma" else 16
+
+    @property
+    def warps_m(self) -> int:
+        return self.bm // self.wm
+
+    @property
+    def warps_n(self) -> int:
+        return self.bn // self.wn
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n * self.warps_k
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def row_stride(self) -> int:
+        """Shared-memory row stride of a k-tile, in elements (a 16-byte pad, or none when swizzled)."""
+        return self.bk + (self.chunk_elems if self.smem == "pad" else 0)
+
+    @property
+    def staged(self) -> bool:
+        """Whether accumulators pass through a shared fp32 tile (wmma, slice-K or a staged epilogue)."""
+        return self.mma == "wmma" or self.warps_k > 1 or self.epilogue == "smem"
+
+    @property
+    def c_stride(self) -> int:
+        return self.bn + C_PAD
+
+    @property
+    def pipeline_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * self.row_stride * self.elem
+
+    @property
+    def smem_bytes(self) -> int:
+        staged = self.bm * self.c_stride * 4 if self.staged else 0
+        return max(self.pipeline_bytes, staged)
+
+    @property
+    def regs_estimate(self) -> int:
+        acc = self.wm * self.wn // 32
+        frags = 2 * ((self.wm // 16) * 4 + (self.wn // 8) * 2)
+        return acc + frags + 40
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
+        """Why this point is invalid (empty when it is valid). Costs no compile."""
+        limits = limits or DeviceLimits()
+        why: list[str] = []
+        for name in ("bm", "bn", "bk", "wm", "wn", "warps_k", "stages", "group_m", "split_k"):
+            if getattr(self, name) < 1:
+                why.append(f"{name} must be >= 1")
+        for name, allowed in (("mma", MMAS), ("smem", LAYOUTS), ("epilogue", EPILOGUES), ("reduce", REDUCES),
+                              ("prepass", PREPASSES)):
+            if getattr(self, name) not in allowed:
+                why.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.dtype not in DTYPES:
+            why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value} "
+                       f"(fp32 on tensor cores is the tf32 problem dtype)")
+        if why:
+            return why
+        if limits.sm < 80:
+            why.append(f"the {NAME} family needs sm_80 or newer (mma.sync bf16/tf32, cp.async)")
+        if self.wm % 16 or self.wn % 16:
+            why.append(f"warp tile {self.wm}x{self.wn}: both sides must be multiples of 16")
+        if self.bm % self.wm or self.bn % self.wn:
+            why.append(f"warp tile {self.wm}x{self.wn} does not divide block tile {self.bm}x{self.bn}")
+        if self.chunks < 2 or self.chunks & (self.chunks - 1):
+            why.append(f"bk {self.bk} must make a power-of-two number (>= 2) of 16-byte chunks per row")
+        elif (self.bk // self.k_step) % self.warps_k:
+            why.append(f"warps_k {self.warps_k} must divide the {self.bk // self.k_step} k-steps of a {self.bk} k-tile")
+        if not 2 <= self.stages <= 5:
+            why.append(f"stages must be 2 to 5, got {self.stages}")
+        if self.mma == "wmma":
+            if self.smem != "pad":
+                why.append("wmma loads need a plain row stride: smem must be 'pad'")
+            if self.epilogue != "smem":
+                why.append("wmma accumulators are opaque: the epilogue must be 'smem'")
+        if self.warps_k > 1 and self.epilogue != "smem":
+            why.append("slice-K (warps_k > 1) reduces through shared memory: the epilogue must be 'smem'")
+        if (self.split_k == 1) != (self.reduce == "none"):
+            why.append("reduce is 'none' exactly when split_k is 1")
+        elif self.reduce == "atomic" and self.dtype is not DType.tf32:
+            why.append("atomic split-K needs an fp32 output (tf32); use two_pass for 16-bit outputs")
+        if why:
+            return why
+        if self.threads > limits.max_threads:
+            why.append(f"{self.threads} threads per block > {limits.max_threads}")
+        if self.smem_bytes > limits.max_smem:
+            why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
+        if self.regs_estimate > limits.max_regs_per_thread:
+            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
+        elif self.regs_estimate * self.threads > limits.regs_per_block:
+            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
+        if problem is not None:
+            if problem.dtype is not self.dtype:
+                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
+            if problem.bias != self.bias:
+                why.append("spec and problem disagree on bias")
+            k_tiles = -(-problem.k // self.bk)
+            if self.split_k > k_tiles:
+                why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
+        return why
+
+
+# ---- template values and launch plan --------------------------------------------------------
+WMMA_TYPE = {DType.bf16: "__nv_bfloat16", DType.fp16: "half", DType.tf32: "wmma::precision::tf32"}
+MMA_PTX = {
+    DType.bf16: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    DType.fp16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    DType.tf32: "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+}
+PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2", DType.tf32: "float2"}
+
+
+def template_values(spec: Spec) -> dict:
+    """Every number the template uses, computed here once."""
+    values = spec.to_dict()
+    rows_per_line = max(1, 8 // spec.chunks)  # rows sharing one 128-byte line of banks
+    values.update(
+        name=spec.name,
+        dtype=spec.dtype.value,
+        elem=spec.elem,
+        chunk_elems=spec.chunk_elems,
+        chunks=spec.chunks,
+        k_step=spec.k_step,
+        warps_m=spec.warps_m,
+        warps_n=spec.warps_n,
+        threads=spec.threads,
+        frag_m=spec.wm // 16,
+        frag_n=spec.wn // spec.frag_n,
+        k_steps_per_warp=spec.bk // spec.k_step // spec.warps_k,
+        row_stride=spec.row_stride,
+        stage_elems=(spec.bm + spec.bn) * spec.row_stride,
+        w_offset=spec.bm * spec.row_stride,
+        a_chunks=spec.bm * spec.chunks,
+        w_chunks=spec.bn * spec.chunks,
+        a_iters=-(-spec.bm * spec.chunks // spec.threads),
+        w_iters=-(-spec.bn * spec.chunks // spec.threads),
+        swizzle_shift=rows_per_line.bit_length() - 1,
+        swizzle_mask=min(spec.chunks, 8) - 1,
+        staged=spec.staged,
+        c_stride=spec.c_stride,
+        out_vec=16 // spec.elem,
+        out_vecs_per_row=spec.bn // (16 // spec.elem),
+        mma_ptx=MMA_PTX[spec.dtype],
+        wmma_type=WMMA_TYPE[spec.dtype],
+        pair_type=PAIR_TYPE[spec.dtype],
+        pack_threads=PACK_THREADS,
+    )
+    return values
+
+
+def pack_symbol(spec: Spec) -> str:
+    return spec.name + "_pack"
+
+
+def packed_k(spec: Spec, k: int) -> int:
+    """Row pitch of the packed copies: K rounded up to whole 16-byte chunks."""
+    return -(-k // spec.chunk_elems) * spec.chunk_elems
+
+
+def _partials_bytes(spec: Spec, problem: Problem) -> int:
+    if spec.reduce != "two_pass":
+        return 0
+    return -(-(4 * spec.split_k * problem.m * problem.n) // 16) * 16
+
+
+def plan(spec: Spec, problem: Problem) -> LaunchPlan:
+    grid_m = -(-problem.m // spec.bm)
+    grid_n = -(-problem.n // spec.bn)
+    launches = []
+    workspace = _partials_bytes(spec, problem)
+    if spec.prepass == "pack":
+        rows_chunks = (problem.m + problem.n) * (packed_k(spec, problem.k) // spec.chunk_elems)
+        launches.append(KernelLaunch(symbol=pack_symbol(spec), grid=(-(-rows_chunks // PACK_THREADS), 1, 1),
+                                     block=(PACK_THREADS, 1, 1), smem=0, args=("WS", "X", "W", "M", "N", "K")))
+        workspace += (problem.m + problem.n) * packed_k(spec, problem.k) * spec.elem
+    launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
+                                 smem=spec.smem_bytes, args=("Y", "X", "W", "B", "WS", "M", "N", "K")))
+    if spec.reduce == "two_pass":
+        total = problem.m * problem.n
+        launches.append(KernelLaunch(symbol=spec.name + "_reduce", grid=(-(-total // REDUCE_THREADS), 1, 1),
+                                     block=(REDUCE_THREADS, 1, 1), smem=0, args=REDUCE_ARGS))
+    return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, zero_output=spec.reduce == "atomic")
+
+
+def grid_rule(spec: Spec) -> str:
+    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
+    parts = []
+    ce = spec.chunk_elems
+    partials = f"align16(4*{spec.split_k}*M*N)" if spec.reduce == "two_pass" else "0"
+    if spec.prepass == "pack":
+        parts.append(f"{pack_symbol(spec)}: KP = ceil(K/{ce})*{ce}; grid = (ceil((M+N)*KP/{ce}/{PACK_THREADS}), 1, 1), "
+                     f"block = ({PACK_THREADS}, 1, 1); it writes padded copies of X and W into WS at byte {partials}")
+    parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
+                 f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
+    if spec.reduce == "two_pass":
+        parts.append(f"{spec.name}_reduce: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)")
+    if spec.reduce == "atomic":
+        parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
+    ws = [f"{partials}" if spec.reduce == "two_pass" else None,
+          f"(M+N)*KP*{spec.elem}" if spec.prepass == "pack" else None]
+    ws = [w for w in ws if w]
+    if ws:
+        parts.append("workspace WS = " + " + ".join(ws) + " bytes")
+    return "; ".join(parts)
