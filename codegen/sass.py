@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["SassError", "disassemble", "functions", "global_load_widths", "nvdisasm_path"]
+__all__ = ["SassError", "disassemble", "functions", "global_load_widths", "nvdisasm_path", "opcodes"]
 
 _MISSING = (
     "nvdisasm not found: install the pip package nvidia-cuda-nvdisasm "
@@ -105,3 +105,15 @@ def global_load_widths(sass: str, function: str | None = None) -> collections.Co
             modifiers = m.group(1).upper().split(".")
             widths[next((_WIDTH[x] for x in modifiers if x in _WIDTH), 32)] += 1
     return widths
+
+
+#: Any instruction line: an address comment, an optional predicate, then the opcode.
+_OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)", re.IGNORECASE)
+
+
+def opcodes(sass: str, function: str | None = None) -> collections.Counter[str]:
+    """Static count of each opcode (``HMMA.16816.F32.BF16`` counts as ``HMMA``), of all of
+    ``sass`` or of one function's code section."""
+    if function is not None:
+        sass = functions(sass)[function]
+    return collections.Counter(m.group(1).upper() for line in sass.splitlines() if (m := _OPCODE.match(line)))

@@ -293,6 +293,8 @@ def template_values(spec: Spec) -> dict:
         wmma_type=WMMA_TYPE[spec.dtype],
         pair_type=PAIR_TYPE[spec.dtype],
         pack_threads=PACK_THREADS,
+        # tf32 inputs are rounded where they are read: once by the pack prepass, else per fragment
+        round_in_loop=spec.dtype is DType.tf32 and spec.prepass != "pack",
     )
     return values
 
