@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from codegen.evaluate import build
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
 
 
 @pytest.fixture
@@ -34,7 +34,8 @@ def stored(tmp_path, monkeypatch):
                   "tflops": problem.flops / ms / 1e9, "gbps": 1.0, "rel_error": 1e-3,
                   "baselines": {"cublas": {"median_ms": 0.02, "p20_ms": 0.02, "p80_ms": 0.02}},
                   "ratio": {"cublas": 0.02 / ms}}
-        store.add_trial(run, spec.name, "sm_90", problem, device, i, result, spec.to_dict())
+        store.add_trial(run, spec.name, "sm_90", problem, device, i, result, spec.to_dict(),
+                        source_hash=built.kernel_record()["source_hash"])
     return url, problem, specs
 
 
