@@ -6,7 +6,8 @@
 Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR,
 rewritten after every problem, so a run that is killed keeps what it measured.
 ``--problems`` keeps the suite's problems whose key (e.g. ``32x4096x4096_fp32_forward``) is given.
-Each problem's candidates are hand-picked specs; the fastest correct one is "ours". With
+Each problem's candidates are hand-picked specs (dicts of a family's fields; "family" defaults to
+simt, the family every suite here is written for); the fastest correct one is "ours". With
 ``--search``, each problem is instead searched (the candidates are tried first) with that budget,
 every trial stored in ``DIR/<suite>.db``, and the best found is "ours".
 """
@@ -25,11 +26,19 @@ import sys
 from pathlib import Path
 
 from codegen.evaluate import DEFAULT_TIMING, Evaluator, build
+from codegen.families import spec_from_dict
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
+from codegen.spec import KernelSpec
 from codegen.versions import versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The family of a candidate that does not name one.
+DEFAULT_FAMILY = "simt"
+
+
+def candidate_spec(problem: Problem, params: dict) -> KernelSpec:
+    """The spec of a hand-picked candidate for ``problem`` (its family's registry entry builds it)."""
+    return spec_from_dict({"family": DEFAULT_FAMILY, **params, "dtype": problem.dtype.value, "bias": problem.bias})
 
 _SQ = dict(bm=128, bn=128, bk=8, wm=32, wn=64, tm=8, tn=8, pad=4, vec=4, stages=2)
 _SKINNY = dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=2)
@@ -151,7 +160,7 @@ def hand_suite(problems: list, timing: dict):
         arch, limits = ev.target_arch, ev.limits()
         for problem, candidates in problems:
             tried = []
-            specs = [SimtSpec(dtype=problem.dtype, bias=problem.bias, **params) for params in candidates]
+            specs = [candidate_spec(problem, params) for params in candidates]
             # Compiled in parallel on the CPU, measured one at a time on the GPU.
             built_all = pool.map(functools.partial(build, problem=problem, arch=arch, limits=limits), specs)
             for spec, built in zip(specs, built_all, strict=True):
@@ -208,9 +217,11 @@ def search_suite(name: str, problems: list, out_dir: Path, timing: dict, budget:
     for problem, candidates in problems:
         measurer = GpuMeasurer(problem, timing=timing, timeout_s=120.0)
         device = measurer.device
-        seeds = [point_of(SimtSpec(dtype=problem.dtype, bias=problem.bias, **c)) for c in candidates]
+        specs = [candidate_spec(problem, c) for c in candidates]
+        family = specs[0].family if specs else DEFAULT_FAMILY
+        seeds = [point_of(spec) for spec in specs if spec.family == family]
         try:
-            s = run_search(problem, space_for("simt", problem.dtype), measurer, sampler=sampler, seed=0,
+            s = run_search(problem, space_for(family, problem.dtype), measurer, sampler=sampler, seed=0,
                            budget=budget, store=store, seeds=seeds, progress=False, versions=versions(),
                            command=f"python3 -m benchmarks.run --suite {name} --search {budget} --sampler {sampler}")
         finally:

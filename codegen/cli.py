@@ -1,17 +1,22 @@
-"""``codegen`` command line: compile, bench, search, export, results, app."""
+"""``codegen`` command line: compile, bench, search, sweep, export, results, app.
+
+``--family NAME`` picks a kernel family (default simt); the variant options are that family's own,
+built from its spec's fields (``codegen bench --family NAME --help`` lists them).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from pathlib import Path
 
+from codegen import families
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
+from codegen.spec import KernelSpec
 
-SPEC_FIELDS = [f for f in fields(SimtSpec) if f.name not in ("dtype", "bias")]
+DEFAULT_FAMILY = "simt"
 
 
 def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -29,28 +34,57 @@ def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
     p.add_argument("--timeout", type=float, default=timeout, help="seconds before a kernel counts as hung")
 
 
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("kernel variant (SIMT family; unset options take the defaults shown)")
+def add_family_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--family", choices=families.names(), default=None,
+                   help=f"kernel family {what} (default {DEFAULT_FAMILY})")
+
+
+def family_of_args(args: argparse.Namespace) -> str:
+    return getattr(args, "family", None) or DEFAULT_FAMILY
+
+
+def add_spec_args(p: argparse.ArgumentParser, family: str) -> None:
+    """``--kernel`` and one option per variant field of ``family``'s spec (type from the field's
+    default, choices from its metadata)."""
+    g = p.add_argument_group(f"kernel variant ({family} family; unset options take the defaults shown)")
     g.add_argument("--kernel", metavar="NAME", help="a kernel name, e.g. from `codegen results`")
-    for f in SPEC_FIELDS:
+    for f in families.variant_fields(family):
         default = f.default if f.default is not MISSING else None
-        kind = str if f.name == "reduce" else int
-        g.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None, help=f"default {default}")
+        flag = f"--{f.name.replace('_', '-')}"
+        text = f.metadata.get("help", "")
+        text = f"{text} (default {default})" if text else f"default {default}"
+        if isinstance(default, bool):
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            continue
+        choices = f.metadata.get("choices")
+        g.add_argument(flag, dest=f.name, type=type(default) if default is not None else str, default=None,
+                       choices=list(choices) if choices else None, help=text)
 
 
-def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> SimtSpec:
+def check_family(spec: KernelSpec, args: argparse.Namespace) -> KernelSpec:
+    """A kernel named on the command line must be of the family asked for, when one is."""
+    asked = getattr(args, "family", None)
+    if asked and spec.family != asked:
+        raise ValueError(f"kernel {spec.name} is of the {spec.family} family, not {asked}; "
+                         f"drop --family or name a {asked} kernel")
+    return spec
+
+
+def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> KernelSpec:
     if args.kernel:
-        spec = SimtSpec.from_name(args.kernel)
+        spec = check_family(families.spec_from_name(args.kernel), args)
         if problem is not None and (spec.dtype, spec.bias) != (problem.dtype, problem.bias):
             raise SystemExit(f"codegen: kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}; "
                              f"the problem is {problem.dtype.value}, bias={problem.bias}")
         return spec
-    values = {f.name: getattr(args, f.name) for f in SPEC_FIELDS if getattr(args, f.name) is not None}
+    family = family_of_args(args)
+    values = {f.name: getattr(args, f.name) for f in families.variant_fields(family)
+              if getattr(args, f.name, None) is not None}
     if problem is not None:
         values.update(dtype=problem.dtype, bias=problem.bias)
     else:
         values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
-    return SimtSpec(**values)
+    return families.get(family).Spec(**values)
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -65,7 +99,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from codegen.compile import CompileError, compile_source, default_arch
     from codegen.render import render
 
-    spec = SimtSpec.from_name(args.name) if args.name else spec_from_args(args)
+    spec = check_family(families.spec_from_name(args.name), args) if args.name else spec_from_args(args)
     problem = problem_from_args(args) if args.m else None
     arch = args.arch or default_arch()
     reasons = spec.check(problem)
@@ -110,7 +144,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         record = built.kernel_record()
         record.setdefault("arch", arch)
         store.kernel(record)
-        store.add_trial(None, spec.name, record["arch"], problem, store.device(device), None, result, spec.to_dict())
+        store.add_trial(None, spec.name, record["arch"], problem, store.device(device), None, result, spec.to_dict(),
+                        source_hash=record.get("source_hash"))
     line = f"{problem.key}  {spec.name}  {result['status']}"
     if result["status"] == "ok":
         line += (f"  {result['median_ms'] * 1e3:.1f} us (p20 {result['p20_ms'] * 1e3:.1f}, p80 {result['p80_ms'] * 1e3:.1f})"
@@ -135,7 +170,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from codegen.versions import versions
     from search.measure import GpuMeasurer, NoGpu, ReplayMeasurer
     from search.runner import run_search
-    from search.space import space_for
+    from search.space import seeds, space_for
 
     problem = problem_from_args(args)
     command = "codegen " + " ".join(sys.argv[1:])
@@ -143,11 +178,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.replay:
         measurer = ReplayMeasurer(args.replay, problem)
         space, space_name = measurer.space, "replay"
+        if args.family and args.family != space.family:
+            raise ValueError(f"{args.replay} records the {space.family} family, not {args.family}")
         print(f"replaying {args.replay}: recorded on {measurer.recorded['where']} at {measurer.recorded['when']}; "
               f"no GPU is used and nothing is stored", file=sys.stderr)
+        if not measurer.hashes_known:
+            print("note: this recording does not say which source each result measured (no source hashes); "
+                  "its results are not tied to today's templates", file=sys.stderr)
     else:
         space_name = "restricted" if args.restricted else "full"
-        space = space_for(args.family, problem.dtype, args.restricted)
+        space = space_for(family_of_args(args), problem.dtype, args.restricted)
         try:
             measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
         except NoGpu as e:
@@ -158,7 +198,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     try:
         summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
-                             command=command, versions=versions())
+                             command=command, versions=versions(),
+                             seeds=None if args.no_seeds else seeds(space.family))
     finally:
         measurer.close()
     best = summary.best
@@ -190,7 +231,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"codegen sweep: {e}", file=sys.stderr)
         return 2
     try:
-        doc = sweep(problem, space_for(args.family, problem.dtype, restricted=True), measurer, store=_store(args.db),
+        doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=True), measurer,
+                    store=_store(args.db),
                     command="codegen " + " ".join(sys.argv[1:]))
     finally:
         measurer.close()
@@ -210,13 +252,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.best:
         if problem is None:
             raise SystemExit("codegen export: --best needs --m, --n, --k (and --dtype, --bias)")
-        rows = store.best(problem)
+        rows = store.best(problem, family=args.family)
         if not rows:
             print(f"codegen export: no ok kernel stored for {problem.key} in {store.url}", file=sys.stderr)
             return 1
         name = rows[0]["kernel"]
     if not name:
         raise SystemExit("codegen export: give --best with a problem, or --kernel NAME")
+    record = store.kernel_record(name)
+    if record is not None and args.family and record["family"] != args.family:
+        raise ValueError(f"kernel {name} is of the {record['family']} family, not {args.family}")
     try:
         texts = export_kernel(store, name, problem)
     except KeyError as e:
@@ -251,7 +296,8 @@ def cmd_app(args: argparse.Namespace) -> int:
     return run(args.db, args.port)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
+    """The parser, with ``family``'s variant options on compile and bench."""
     parser = argparse.ArgumentParser(prog="codegen", description="gemmscape: generate, check and time CUDA GEMM kernels "
                                      "for the linear layer Y = X·Wᵀ + b.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -259,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="render and NVRTC-compile one variant (no GPU needed); print its resources")
     p.add_argument("name", nargs="?", help="kernel name (else built from the options)")
     add_problem_args(p, required=False)
-    add_spec_args(p)
+    add_family_arg(p, "of the variant options below")
+    add_spec_args(p, family)
     p.add_argument("--arch", help="target, e.g. sm_90 (default: the visible GPU's, else sm_90)")
     p.add_argument("--source", action="store_true", help="print the CUDA source too")
     p.add_argument("--json", action="store_true")
@@ -267,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="validate and time one variant and the cuBLAS baseline on the GPU")
     add_problem_args(p)
-    add_spec_args(p)
+    add_family_arg(p, "of the variant options below")
+    add_spec_args(p, family)
     add_gpu_args(p, timeout=60.0)
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--no-store", action="store_true", help="do not record the trial")
@@ -276,12 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("search", help="search the space with Optuna on the GPU (or over a recording with --replay)")
     add_problem_args(p)
-    p.add_argument("--family", default="simt", choices=["simt"])
+    add_family_arg(p, "whose space is searched")
     p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=200, help="evaluated (compiled and run) trials, across resumed runs")
     p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
     p.add_argument("--replay", type=Path, metavar="FILE", help="answer from a recorded sweep: no GPU, nothing stored")
+    p.add_argument("--no-seeds", action="store_true", help="do not try the family's known-good points first")
     add_gpu_args(p, timeout=30.0)
     p.add_argument("--lookahead", type=int, default=4, help="candidates compiling ahead of the GPU")
     p.add_argument("--no-baseline", action="store_true")
@@ -291,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="measure every valid point of the restricted space; write a replay recording")
     add_problem_args(p)
-    p.add_argument("--family", default="simt", choices=["simt"])
+    add_family_arg(p, "whose restricted space is swept")
     p.add_argument("--out", type=Path, required=True)
     add_gpu_args(p, timeout=30.0)
     p.set_defaults(func=cmd_sweep)
@@ -300,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_args(p, required=False)
     p.add_argument("--best", action="store_true", help="the fastest stored kernel for the problem")
     p.add_argument("--kernel", metavar="NAME")
+    add_family_arg(p, "to export (with --best: the fastest of that family)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--db")
     p.set_defaults(func=cmd_export)
@@ -317,8 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def family_asked(argv: list[str] | None) -> str:
+    """A first look at the command line for ``--family`` (the variant options depend on it)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--family")
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return known.family if known.family in families.names() else DEFAULT_FAMILY
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(family_asked(argv)).parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from codegen import render
+
 DEFAULT_ARCH = "sm_90"
 STD = "c++17"
 
@@ -153,7 +155,7 @@ def compile_source(source: str, name: str, arch: str | None = None, use_cache: b
         raise ValueError(f"arch must look like sm_90, got {arch!r}")
     options = options_for(arch)
     version = nvrtc_version()
-    source_hash = hashlib.sha256(source.encode()).hexdigest()
+    source_hash = render.source_hash(source)
     key = hashlib.sha256(json.dumps([source_hash, options, version]).encode()).hexdigest()[:32]
     cached = cache_dir() / f"{key}.cubin"
     if use_cache and cached.is_file() and cached.with_suffix(".json").is_file():

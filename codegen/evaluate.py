@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
 from codegen.launch import plan
 from codegen.problem import Problem
-from codegen.render import render
-from codegen.spec import DeviceLimits, SimtSpec
+from codegen.render import render, source_hash
+from codegen.spec import DeviceLimits, KernelSpec
 from codegen.worker import GpuWorker
 
 STATUSES = (
@@ -39,22 +39,23 @@ def probe_for(problem: Problem) -> Problem:
 class Built:
     """A spec made ready for the GPU, or the reason it cannot be."""
 
-    spec: SimtSpec
+    spec: KernelSpec
     source: str | None = None
     compiled: CompileResult | None = None
     failure: dict | None = None
 
     def kernel_record(self) -> dict:
+        """The kernel as the store keeps it; identified by name, arch and the hash of its source."""
         rec = {"name": self.spec.name, "family": self.spec.family, "spec": self.spec.to_dict()}
         if self.source is not None:
-            rec.update(source=self.source)
+            rec.update(source=self.source, source_hash=source_hash(self.source))
         if self.compiled is not None:
             c = self.compiled
             rec.update(source_hash=c.source_hash, arch=c.arch, options=c.options, report=c.report, log=c.log)
         return rec
 
 
-def build(spec: SimtSpec, problem: Problem, arch: str, limits: DeviceLimits | None = None) -> Built:
+def build(spec: KernelSpec, problem: Problem, arch: str, limits: DeviceLimits | None = None) -> Built:
     """Check, render and compile (CPU only; safe in a process pool)."""
     reasons = spec.check(problem, limits or DeviceLimits.for_arch(arch))
     if reasons:
@@ -139,7 +140,7 @@ class Evaluator:
         result["ratio"] = {k: v["median_ms"] / result["median_ms"] for k, v in named.items()}
         return result
 
-    def evaluate(self, spec: SimtSpec, problem: Problem) -> tuple[dict, Built]:
+    def evaluate(self, spec: KernelSpec, problem: Problem) -> tuple[dict, Built]:
         built = build(spec, problem, self.target_arch, self.limits())
         return self.run(built, problem), built
 

@@ -3,6 +3,9 @@
 The manifest says everything a host program needs: symbol, compile options, headers, the
 arguments in order with their C types, block size, dynamic shared memory, the grid for the tuned
 shape and the rule for any shape, the problem, and the measured result with device and versions.
+The source shipped is the one that was measured (stored with the kernel, by its hash); it is
+rendered anew only where none is stored, and the manifest says so. A measurement is never
+attached to a source other than the one it measured.
 """
 
 from __future__ import annotations
@@ -10,15 +13,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from codegen.families import spec_from_dict
 from codegen.launch import ARG_TYPES, grid_rule, plan
 from codegen.problem import Problem
-from codegen.render import DTYPE_CUDA, render
-from codegen.spec import SimtSpec
+from codegen.render import DTYPE_CUDA, render, source_hash
+from codegen.spec import KernelSpec
+
+__all__ = ["MANIFEST_FORMAT", "ExportError", "export_files", "export_kernel", "manifest", "write_export"]
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
+MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
 
 
-def manifest(spec: SimtSpec, problem: Problem, arch: str, measured: dict | None = None) -> dict:
+class ExportError(KeyError):
+    """The kernel cannot be exported as asked; the message says why and what to do."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | None = None, *,
+             source_hash: str | None = None, rerendered: bool = False) -> dict:
     cuda = DTYPE_CUDA[spec.dtype]
     launch = plan(spec, problem)
     kernels = []
@@ -33,8 +48,13 @@ def manifest(spec: SimtSpec, problem: Problem, arch: str, measured: dict | None 
     return {
         "format": MANIFEST_FORMAT,
         "name": spec.name,
+        "family": spec.family,
         "spec": spec.to_dict(),
         "source_file": f"{spec.name}.cu",
+        "source_hash": source_hash,
+        "source_rerendered": rerendered,
+        "source_note": ("rendered by this export from the current templates: no stored source" if rerendered
+                        else "the stored source of the measured kernel"),
         "compile": {"arch": arch, "std": "c++17", "defines": {}, "options": [f"-arch={arch}", "-std=c++17"]},
         "includes": {
             "headers": [cuda["header"]] if cuda["header"] else [],
@@ -52,33 +72,52 @@ def manifest(spec: SimtSpec, problem: Problem, arch: str, measured: dict | None 
     }
 
 
-def export_files(spec: SimtSpec, problem: Problem, source: str | None, arch: str,
+def export_files(spec: KernelSpec, problem: Problem, source: str | None, arch: str,
                  measured: dict | None = None) -> tuple[str, str]:
-    source = source or render(spec)
-    return source, json.dumps(manifest(spec, problem, arch, measured), indent=2) + "\n"
+    """(.cu text, .json text) for ``source``; without one, the spec is rendered now (and the
+    manifest says the source was re-rendered)."""
+    rerendered = source is None
+    text = render(spec) if rerendered else source
+    doc = manifest(spec, problem, arch, measured, source_hash=source_hash(text), rerendered=rerendered)
+    return text, json.dumps(doc, indent=2) + "\n"
 
 
-def export_kernel(store, kernel_name: str, problem: Problem | None = None) -> tuple[str, str]:
-    """(.cu text, .json text) of a stored kernel, with its best measurement (for a problem, if given)."""
-    record = store.kernel_record(kernel_name)
-    if record is None:
-        raise KeyError(f"no kernel named {kernel_name} in {store.url}")
-    spec = SimtSpec.from_dict(record["spec"])
-    rows = [r for r in store.trials(kernel_name=kernel_name, status="ok")
-            if problem is None or r["problem"] == problem.key]
+def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, arch: str | None = None,
+                  source_hash: str | None = None, render_missing: bool = True) -> tuple[str, str]:
+    """(.cu text, .json text) of a stored kernel with its best ok measurement (for ``problem``, if
+    given; of the given arch and source, if given). Ships the measured kernel's stored source;
+    where none is stored and ``render_missing``, renders it, and refuses if that is not the source
+    that was measured. Raises ExportError saying why an export cannot be made."""
+    if store.kernel_record(kernel_name) is None:
+        raise ExportError(f"no kernel named {kernel_name} in {store.location}")
+    best = store.measured_kernel(kernel_name, problem, arch=arch, source_hash=source_hash)
     measured = None
-    if rows:
-        best = min(rows, key=lambda r: r["median_ms"])
-        problem = problem or Problem.from_dict(best)
-        device = next((d for d in store.devices() if d["id"] == best["device_id"]), {})
-        measured = {k: best.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error",
-                                             "ratio_cublas", "created")}
-        measured["device"] = device
-        run = next((r for r in store.runs() if r["id"] == best.get("run_id")), None)
-        measured["versions"] = run["versions"] if run else {}
-    if problem is None:
-        raise KeyError(f"kernel {kernel_name} has no ok measurement; name a problem to export it for")
-    return export_files(spec, problem, record.get("source"), record.get("arch") or "sm_90", measured)
+    if best is not None:
+        record, trial = best["kernel"], best["trial"]
+        problem = problem or Problem.from_dict(trial)
+        measured = {k: trial.get(k) for k in MEASURED_KEYS} | {"device": best["device"], "versions": best["versions"]}
+    elif problem is None:
+        raise ExportError(f"kernel {kernel_name} has no ok measurement; name a problem to export it for")
+    else:
+        record = store.kernel_record(kernel_name, arch, source_hash)
+        if record is None:
+            raise ExportError(f"no kernel {kernel_name} of arch {arch or 'any'} and source {source_hash or 'any'} "
+                              f"in {store.location}")
+    spec = spec_from_dict(record["spec"])
+    target = record.get("arch") or "sm_90"
+    if record.get("source"):
+        return export_files(spec, problem, record["source"], target, measured)
+    if not render_missing:
+        raise ExportError(f"no source is stored for {kernel_name} (source hash {record.get('source_hash') or 'unknown'}): "
+                          f"`codegen export --kernel {kernel_name}` renders it from the templates")
+    texts = export_files(spec, problem, None, target, measured)
+    rendered = json.loads(texts[1])["source_hash"]
+    if measured is not None and rendered != record.get("source_hash"):
+        raise ExportError(f"{kernel_name} was measured with source {record.get('source_hash') or 'of unknown hash'}, "
+                          f"which is not stored, and the templates now render {rendered[:12]}…: that measurement is "
+                          f"not of this source. Measure it again (`codegen bench --kernel {kernel_name} ...`), "
+                          f"or export it without a measurement by naming the problem of a kernel never measured")
+    return texts
 
 
 def write_export(out_dir: Path, name: str, texts: tuple[str, str]) -> tuple[Path, Path]:

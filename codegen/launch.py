@@ -2,15 +2,24 @@
 
 A plan is plain data (it crosses process boundaries and goes into export manifests): an optional
 float32 workspace, whether Y is zeroed first, and the kernels to launch in order with their
-arguments named from ``ARGS``.
+arguments named from ``ARG_TYPES``. Each family makes its own plan (``codegen.families``); what
+they share, the second pass of a two-pass split-K, is spelled here once.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from codegen.problem import Problem
-from codegen.spec import SimtSpec
+
+if TYPE_CHECKING:
+    from codegen.spec import KernelSpec
+
+__all__ = [
+    "ARG_TYPES", "MAIN_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "KernelLaunch", "LaunchPlan", "grid_rule", "plan",
+    "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
+]  # fmt: skip
 
 #: Every kernel argument gemmscape passes, by name, with its C type (T is the element type).
 ARG_TYPES = {
@@ -61,39 +70,47 @@ class LaunchPlan:
         return cls(launches=launches, workspace_bytes=d["workspace_bytes"], zero_output=d["zero_output"])
 
 
-def reduce_symbol(spec: SimtSpec) -> str:
-    return spec.name + "_reduce"
+# ---- the two-pass split-K reduce (templates/common.cuh.j2, reduce_kernel) ----------------------------
+def reduce_symbol(name: str) -> str:
+    """Symbol of the reduce kernel that goes with the main kernel ``name``."""
+    return name + "_reduce"
 
 
-def plan(spec: SimtSpec, problem: Problem) -> LaunchPlan:
-    grid_m = -(-problem.m // spec.bm)
-    grid_n = -(-problem.n // spec.bn)
-    main = KernelLaunch(
-        symbol=spec.name,
-        grid=(grid_m * grid_n, spec.split_k, 1),
-        block=(spec.threads, 1, 1),
-        smem=spec.smem_bytes,
-        args=MAIN_ARGS,
-    )
-    if spec.reduce != "two_pass":
-        return LaunchPlan(launches=(main,), zero_output=spec.reduce == "atomic")
+def workspace_bytes(split_k: int, problem: Problem) -> int:
+    """The float32 workspace of a two-pass split-K: one M×N partial sum per split."""
+    return 4 * split_k * problem.m * problem.n
+
+
+def reduce_launch(spec_name: str, split_k: int, problem: Problem) -> KernelLaunch:
+    """Second pass: Y = sum of the ``split_k`` partial sums in WS (+ B), one thread per output."""
+    if split_k < 2:
+        raise ValueError(f"a two-pass reduce needs split_k >= 2, got {split_k}")
     total = problem.m * problem.n
-    reduce = KernelLaunch(
-        symbol=reduce_symbol(spec),
+    return KernelLaunch(
+        symbol=reduce_symbol(spec_name),
         grid=(-(-total // REDUCE_THREADS), 1, 1),
         block=(REDUCE_THREADS, 1, 1),
         smem=0,
         args=REDUCE_ARGS,
     )
-    return LaunchPlan(launches=(main, reduce), workspace_bytes=4 * spec.split_k * total)
 
 
-def grid_rule(spec: SimtSpec) -> str:
-    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    rule = f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), block = ({spec.threads}, 1, 1)"
-    if spec.reduce == "two_pass":
-        rule += (f"; then {reduce_symbol(spec)}: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)"
-                 f"; workspace WS = 4*{spec.split_k}*M*N bytes")
-    if spec.reduce == "atomic":
-        rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
-    return rule
+def reduce_rule(spec_name: str, split_k: int) -> str:
+    """The reduce launch and its workspace for any M, N, in words."""
+    return (f"{reduce_symbol(spec_name)}: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)"
+            f"; workspace WS = 4*{split_k}*M*N bytes")
+
+
+# ---- dispatch ----------------------------------------------------------------------------------------
+def plan(spec: KernelSpec, problem: Problem) -> LaunchPlan:
+    """The launches of ``spec`` on ``problem``, as its family plans them."""
+    from codegen.families import family_of
+
+    return family_of(spec).plan(spec, problem)
+
+
+def grid_rule(spec: KernelSpec) -> str:
+    """How to launch ``spec`` on any M, N, K, in words, as its family says."""
+    from codegen.families import family_of
+
+    return family_of(spec).grid_rule(spec)

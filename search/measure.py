@@ -2,7 +2,8 @@
 
 Both take specs with ``submit`` and hand back finished evaluations with ``next_done``, so the
 runner never knows which it has. The GPU measurer builds candidates in a CPU process pool while
-the worker measures, so the GPU does not wait for NVRTC.
+the worker measures, so the GPU does not wait for NVRTC. Both say which source a spec stands for
+(``source_hash``), so a result measured with other source is never taken for this one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from codegen.evaluate import Built, Evaluator, blank_result, build
 from codegen.problem import Problem
-from codegen.spec import DeviceLimits, SimtSpec
+from codegen.render import render, source_hash
+from codegen.spec import DeviceLimits, KernelSpec
 from search.space import Space
 
 REPLAY_FORMAT = "gemmscape-replay/1"
@@ -29,7 +31,7 @@ REPLAY_FORMAT = "gemmscape-replay/1"
 @dataclass
 class Done:
     tag: object
-    spec: SimtSpec
+    spec: KernelSpec
     result: dict
     kernel: dict  # kernel record for the store
 
@@ -70,7 +72,7 @@ class GpuMeasurer:
         self.compile_timeout_s = compile_timeout_s
         self.workers = compile_workers or max(1, (os.cpu_count() or 2) - 1)
         self.pool = self._new_pool()
-        self.pending: deque[tuple[object, SimtSpec, cf.Future, float]] = deque()
+        self.pending: deque[tuple[object, KernelSpec, cf.Future, float]] = deque()
         self.compile_seconds = 0.0
         self.gpu_wait_seconds = 0.0
 
@@ -80,7 +82,15 @@ class GpuMeasurer:
     def baselines(self) -> dict:
         return self.evaluator.baselines(self.problem)
 
-    def submit(self, tag: object, spec: SimtSpec) -> None:
+    def source_hash(self, spec: KernelSpec) -> str | None:
+        """Hash of the source the templates give ``spec`` now (rendered here: cheap, no compile);
+        None for a spec that cannot be rendered."""
+        try:
+            return source_hash(render(spec))
+        except ValueError:
+            return None
+
+    def submit(self, tag: object, spec: KernelSpec) -> None:
         future = self.pool.submit(build, spec, self.problem, self.arch, self.limits)
         self.pending.append((tag, spec, future, time.monotonic()))
 
@@ -114,7 +124,9 @@ class GpuMeasurer:
         if built.compiled is not None:
             self.compile_seconds += built.compiled.seconds
         result = self.evaluator.run(built, self.problem)
-        return Done(tag, spec, result, built.kernel_record())
+        kernel = built.kernel_record()
+        kernel.setdefault("arch", self.arch)  # a build that failed before compiling still names its target
+        return Done(tag, spec, result, kernel)
 
     def _restart_pool(self) -> None:
         """Drop a stuck pool: resubmit what was still waiting to a fresh one."""
@@ -151,12 +163,18 @@ class ReplayMeasurer:
         self.limits = DeviceLimits(sm=base.sm, max_smem=self.device.get("max_smem_optin", base.max_smem))
         self.results: dict[str, dict] = data["results"]
         self._baselines = data.get("baselines", {})
-        self.pending: deque[tuple[object, SimtSpec]] = deque()
+        #: Whether every recorded result says which source was measured (older recordings do not).
+        self.hashes_known = all(r.get("source_hash") for r in self.results.values())
+        self.pending: deque[tuple[object, KernelSpec]] = deque()
 
     def baselines(self) -> dict:
         return self._baselines
 
-    def submit(self, tag: object, spec: SimtSpec) -> None:
+    def source_hash(self, spec: KernelSpec) -> str | None:
+        """The hash of the source the recording measured for ``spec`` (None: not recorded)."""
+        return self.results.get(spec.name, {}).get("source_hash")
+
+    def submit(self, tag: object, spec: KernelSpec) -> None:
         self.pending.append((tag, spec))
 
     def __len__(self) -> int:
@@ -164,10 +182,11 @@ class ReplayMeasurer:
 
     def next_done(self) -> Done:
         tag, spec = self.pending.popleft()
-        result = self.results.get(spec.name)
-        if result is None:
-            result = blank_result("invalid", "not in the recorded sweep")
+        result = dict(self.results.get(spec.name) or blank_result("invalid", "not in the recorded sweep"))
         kernel = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": self.arch}
+        recorded_hash = result.pop("source_hash", None)
+        if recorded_hash:
+            kernel["source_hash"] = recorded_hash
         return Done(tag, spec, dict(blank_result(result["status"], ""), **result), kernel)
 
     @property
@@ -176,7 +195,7 @@ class ReplayMeasurer:
         if not ok:
             return None
         name, r = min(ok, key=lambda nr: nr[1]["median_ms"])
-        return {"kernel": name, **r}
+        return {"kernel": name, **{k: v for k, v in r.items() if k != "source_hash"}}
 
     def close(self) -> None:
         pass

@@ -3,7 +3,8 @@
 Budget counts evaluated (compiled and run) trials, across runs of the same study. Invalid points
 and points already measured are answered without the GPU and cost nothing; a long run of them
 ends the search with a message instead of looping. Every evaluated trial is written to the store
-as soon as it finishes.
+as soon as it finishes. "Already measured" means measured with the same source: a result is reused
+only for the (kernel name, source hash) it was measured with, so a template change measures anew.
 """
 
 from __future__ import annotations
@@ -102,15 +103,17 @@ def run_search(
             if indices is not None:
                 study.enqueue_trial(indices, skip_if_exists=True)
 
-    # What earlier runs of this study measured (a killed run leaves RUNNING trials: fail them).
-    seen: dict[str, float] = {}
+    # What earlier runs of this study measured (a killed run leaves RUNNING trials: fail them),
+    # by (kernel, source hash); trials that carry no hash are never reused.
+    seen: dict[tuple[str, str], float] = {}
     evaluated = 0
     best: dict | None = None
     for t in study.get_trials(deepcopy=False):
         if t.state == optuna.trial.TrialState.RUNNING:
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         elif t.state == optuna.trial.TrialState.COMPLETE and "kernel" in t.user_attrs:
-            seen[t.user_attrs["kernel"]] = t.value
+            if t.user_attrs.get("source_hash"):
+                seen[(t.user_attrs["kernel"], t.user_attrs["source_hash"])] = t.value
             if t.user_attrs.get("evaluated"):
                 evaluated += 1
                 if t.value > 0 and (best is None or t.value > best["tflops"]):
@@ -129,8 +132,11 @@ def run_search(
     bar = tqdm(total=budget, initial=min(evaluated, budget), desc=problem.key, unit="trial", disable=not progress,
                dynamic_ncols=True)
 
-    def tell(trial, value: float, status: str, measured: bool, ratio: dict | None = None) -> None:
+    def tell(trial, value: float, status: str, measured: bool, ratio: dict | None = None,
+             source: str | None = None) -> None:
         trial.set_user_attr("status", status)
+        if source:
+            trial.set_user_attr("source_hash", source)
         trial.set_user_attr("evaluated", measured)
         if ratio:
             trial.set_user_attr("ratio", ratio)
@@ -150,20 +156,21 @@ def run_search(
                     if store is not None and spec.name not in invalid_stored:
                         invalid_stored.add(spec.name)
                         store.add_trial(run_id, spec.name, measurer.arch, problem, device_id, trial.number,
-                                        blank_result("invalid", "; ".join(reasons)), spec.to_dict())
+                                        blank_result("invalid", "; ".join(reasons)), spec.to_dict(), source_hash=None)
                     idle += 1
                     continue
                 if spec.name in in_flight:
                     in_flight[spec.name].append(trial)
                     idle += 1
                     continue
-                known = seen.get(spec.name)
-                if known is None and store is not None:
-                    stored = store.known_result(problem, device_id, spec.name)
+                source = measurer.source_hash(spec)
+                known = seen.get((spec.name, source)) if source else None
+                if known is None and store is not None and source:
+                    stored = store.known_result(problem, device_id, spec.name, source)
                     if stored is not None:
                         known = stored["tflops"] if stored["status"] == "ok" else 0.0
                 if known is not None:
-                    tell(trial, known, "known", False)
+                    tell(trial, known, "known", False, source=source)
                     idle += 1
                     continue
                 in_flight[spec.name] = [trial]
@@ -175,15 +182,17 @@ def run_search(
             result = done.result
             status = result["status"]
             value = result["tflops"] if status == "ok" else 0.0
+            measured = done.kernel.get("source_hash")
             waiting = in_flight.pop(done.spec.name, [done.tag])
-            tell(waiting[0], value, status, True, result.get("ratio"))
+            tell(waiting[0], value, status, True, result.get("ratio"), source=measured)
             for other in waiting[1:]:
-                tell(other, value, "known", False)
-            seen[done.spec.name] = value
+                tell(other, value, "known", False, source=measured)
+            if measured:
+                seen[(done.spec.name, measured)] = value
             if store is not None:
                 store.kernel(done.kernel)
                 store.add_trial(run_id, done.spec.name, done.kernel.get("arch", measurer.arch), problem, device_id,
-                                waiting[0].number, result, done.spec.to_dict())
+                                waiting[0].number, result, done.spec.to_dict(), source_hash=measured)
             summary.evaluated += 1
             summary.evaluated_now += 1
             if status != "ok":

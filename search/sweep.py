@@ -39,10 +39,12 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
             done = measurer.next_done()
             results[done.spec.name] = {k: done.result.get(k) for k in KEPT}
             results[done.spec.name]["evidence"] = (done.result.get("evidence") or "")[-300:]
+            results[done.spec.name]["source_hash"] = done.kernel.get("source_hash")  # the source measured
             if store is not None:
                 store.kernel(done.kernel)
                 store.add_trial(run_id, done.spec.name, done.kernel.get("arch", measurer.arch), problem, device_id,
-                                len(results) - 1, done.result, done.spec.to_dict())
+                                len(results) - 1, done.result, done.spec.to_dict(),
+                                source_hash=done.kernel.get("source_hash"))
             bar.update(1)
             nxt = next(todo, None)
             if nxt is not None:
@@ -58,6 +60,7 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
             "how": command or "search.sweep.sweep",
             "what": f"every valid point of the {space_name} {space.family} space measured once "
                     f"({len(valid)} kernels of {len(specs)} distinct points); {time.monotonic() - started:.0f} s",
+            "source_hashes": "each result's source_hash is the sha256 of the source rendered and measured in this sweep",
         },
         "device": device,
         "problem": problem.to_dict(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self, TypeVar
@@ -13,11 +14,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from codegen.problem import Problem as ProblemKey
 from store import queries
 from store.db import ReadOnlyError, default_url, is_sqlite, make_engine, sqlite_path
+from store.migrate import upgrade
 from store.models import Base, Device, Kernel, Problem, Run, Trial, utcnow
 from store.records import device_dict, kernel_dict, problem_dict, result_dict
 
 T = TypeVar("T")
-KERNEL_FIELDS = ("family", "spec", "source", "source_hash", "options", "report", "log")
+KERNEL_FIELDS = ("family", "spec", "source", "options", "report", "log")
 
 
 class Store:
@@ -25,14 +27,19 @@ class Store:
 
     ``Store()`` opens ``default_url()``; ``read_only=True`` (the dashboard) refuses every write
     and, for SQLite, opens the file with ``mode=ro`` (a missing file raises ``DatabaseMissing``).
+    A kernel is (name, arch, source_hash): a trial is attached to the source it measured, and
+    results are reused only for the same source. A store written by an older gemmscape is
+    upgraded when opened for writing (``upgraded`` lists what changed; see store.migrate).
     """
 
     def __init__(self, url: str | None = None, read_only: bool = False) -> None:
         self.url = url or default_url()
         self.read_only = read_only
         self.engine: Engine = make_engine(self.url, read_only=read_only)
+        self.upgraded: list[str] = []
         if not read_only:
             Base.metadata.create_all(self.engine)
+            self.upgraded = upgrade(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     # ---- plumbing ---------------------------------------------------------------------------
@@ -114,10 +121,18 @@ class Store:
         return row.id
 
     def kernel(self, record: dict[str, Any]) -> int:
-        """Upsert a kernel by (name, arch); fields given later (source, report, log) fill it in."""
+        """Upsert a kernel by (name, arch, source_hash); fields given later (source, report, log)
+        fill it in. A record with ``source`` and no ``source_hash`` gets the hash of its source; a
+        hash that is not its source's is refused (ValueError)."""
         spec = record.get("spec") or {}
+        digest = record.get("source_hash") or None
+        if record.get("source"):
+            actual = hashlib.sha256(record["source"].encode()).hexdigest()  # as codegen.render.source_hash
+            if digest is not None and digest != actual:
+                raise ValueError(f"kernel {record['name']}: source_hash {digest} is not the hash of its source ({actual})")
+            digest = actual
         kernel_id = self._kernel_id(
-            record["name"], record.get("arch", ""), record.get("family") or spec.get("family", ""), spec
+            record["name"], record.get("arch", ""), digest, record.get("family") or spec.get("family", ""), spec
         )
         updates = {k: record[k] for k in KERNEL_FIELDS if record.get(k) not in (None, "", [], {})}
         if updates:
@@ -127,10 +142,10 @@ class Store:
                     setattr(kernel, key, value)
         return kernel_id
 
-    def _kernel_id(self, name: str, arch: str, family: str, spec: dict[str, Any]) -> int:
+    def _kernel_id(self, name: str, arch: str, source_hash: str | None, family: str, spec: dict[str, Any]) -> int:
         row = self._get_or_create(
-            lambda s: s.scalar(select(Kernel).where(Kernel.name == name, Kernel.arch == arch)),
-            lambda: Kernel(name=name, arch=arch, family=family, spec=dict(spec)),
+            lambda s: s.scalar(queries.kernel_identity(name, arch, source_hash).order_by(Kernel.id).limit(1)),
+            lambda: Kernel(name=name, arch=arch, source_hash=source_hash, family=family, spec=dict(spec)),
         )
         return row.id
 
@@ -170,11 +185,15 @@ class Store:
         number: int | None,
         result: dict[str, Any],
         params: dict[str, Any],
+        *,
+        source_hash: str | None,
     ) -> int:
         """Record one evaluation. ``result`` is the runtime's result dict (status, evidence,
         median/p20/p80 ms, times_ms, tflops, gbps, rel_error, baselines, ratio); ``params`` is
-        the spec dict. A kernel not yet recorded is created from ``params``."""
-        kernel_id = self._kernel_id(kernel_name, arch, str(params.get("family", "")), params)
+        the spec dict; ``source_hash`` names the source that was measured (None: none was
+        rendered, an invalid point). The trial is attached to the kernel (name, arch,
+        source_hash), created from ``params`` if not yet recorded."""
+        kernel_id = self._kernel_id(kernel_name, arch, source_hash or None, str(params.get("family", "")), params)
         problem_id = self.problem(problem)
         ratio = dict(result.get("ratio") or {})
         with self._write() as session:
@@ -191,12 +210,16 @@ class Store:
             return trial.id
 
     # ---- reads ------------------------------------------------------------------------------
-    def known_result(self, problem: ProblemKey, device_id: int, kernel_name: str) -> dict[str, Any] | None:
-        """The latest stored result of this kernel on this problem and device, or None."""
-        if not self.ready:
+    def known_result(
+        self, problem: ProblemKey, device_id: int, kernel_name: str, source_hash: str
+    ) -> dict[str, Any] | None:
+        """The latest stored result of this kernel, built from this source, on this problem and
+        device, or None. A result measured with other source is never answered."""
+        if not self.ready or not source_hash:
             return None
         with self._read() as session:
-            q = queries.filtered_trials(problem_key=problem.key, device_id=device_id, kernel_name=kernel_name)
+            q = queries.filtered_trials(problem_key=problem.key, device_id=device_id, kernel_name=kernel_name,
+                                        source_hash=source_hash)
             trial = session.scalar(q.order_by(Trial.id.desc()).limit(1))
             return result_dict(trial) if trial is not None else None
 
@@ -233,6 +256,7 @@ class Store:
         family: str | Iterable[str] | None = None,
         status: str | Iterable[str] | None = None,
         kernel_name: str | None = None,
+        source_hash: str | None = None,
         name_contains: str | None = None,
         study: str | None = None,
         params: dict[str, Any] | None = None,
@@ -244,7 +268,7 @@ class Store:
         key = problem.key if isinstance(problem, ProblemKey) else problem
         q = queries.filtered_trials(
             run_id=run_id, problem_key=key, device_id=device_id, family=family, status=status,
-            kernel_name=kernel_name, name_contains=name_contains, study=study,
+            kernel_name=kernel_name, source_hash=source_hash, name_contains=name_contains, study=study,
         )  # fmt: skip
         with self._read() as session:
             return queries.trial_rows(session, q, params, limit)
@@ -256,29 +280,72 @@ class Store:
         with self._read() as session:
             return queries.run_rows(session)
 
-    def kernel_record(self, name: str, arch: str | None = None) -> dict[str, Any] | None:
-        """A kernel's spec, source, options, ptxas report and log (the newest arch if not given)."""
+    def kernel_record(
+        self, name: str, arch: str | None = None, source_hash: str | None = None
+    ) -> dict[str, Any] | None:
+        """A kernel's spec, source, source hash, options, ptxas report and log; the newest
+        recorded of that name if arch or source_hash are not given."""
         if not self.ready:
             return None
         q = select(Kernel).where(Kernel.name == name)
         if arch is not None:
             q = q.where(Kernel.arch == arch)
+        if source_hash is not None:
+            q = q.where(Kernel.source_hash == source_hash)
         with self._read() as session:
             kernel = session.scalar(q.order_by(Kernel.id.desc()).limit(1))
             return kernel_dict(kernel) if kernel is not None else None
+
+    def measured_kernel(
+        self,
+        kernel_name: str,
+        problem: ProblemKey | str | None = None,
+        *,
+        arch: str | None = None,
+        source_hash: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The fastest ok measurement of a kernel (on ``problem``, of ``arch`` and ``source_hash``,
+        where given) as ``{"trial", "kernel", "device", "versions"}``: the trial row, the record of
+        the kernel (the very source) it measured, its device and its run's versions; or None."""
+        rows = [r for r in self.trials(kernel_name=kernel_name, status="ok", problem=problem, source_hash=source_hash)
+                if r["median_ms"] is not None and (arch is None or r["arch"] == arch)]
+        if not rows:
+            return None
+        best = min(rows, key=lambda r: (r["median_ms"], r["id"]))
+        with self._read() as session:
+            kernel = kernel_dict(session.get_one(Kernel, best["kernel_id"]))
+            device = session.get(Device, best["device_id"])
+            run = session.get(Run, best["run_id"]) if best["run_id"] is not None else None
+            return {"trial": best, "kernel": kernel, "device": device_dict(device) if device else {},
+                    "versions": dict(run.versions or {}) if run else {}}
+
+    def export(
+        self,
+        kernel_name: str,
+        problem: ProblemKey | None = None,
+        *,
+        arch: str | None = None,
+        source_hash: str | None = None,
+    ) -> tuple[str, str]:
+        """``(<name>.cu, <name>.json)`` of the kernel's best measurement, from stored data only:
+        the stored source of the measured kernel, never a re-render (codegen.export.ExportError,
+        a KeyError, says why when it cannot)."""
+        from codegen.export import export_kernel
+
+        return export_kernel(self, kernel_name, problem, arch=arch, source_hash=source_hash, render_missing=False)
 
     def kernels(self, family: str | None = None) -> list[dict[str, Any]]:
         """Kernel summaries (no source text) with how many trials each has."""
         if not self.ready:
             return []
-        q = select(Kernel).order_by(Kernel.name, Kernel.arch)
+        q = select(Kernel).order_by(Kernel.name, Kernel.arch, Kernel.id)
         if family is not None:
             q = q.where(Kernel.family == family)
         with self._read() as session:
             counts = queries.kernel_trial_counts(session)
             return [
-                {"id": k.id, "name": k.name, "family": k.family, "arch": k.arch, "trials": counts.get(k.id, 0),
-                 "compiled": k.source is not None}
+                {"id": k.id, "name": k.name, "family": k.family, "arch": k.arch, "source_hash": k.source_hash,
+                 "trials": counts.get(k.id, 0), "compiled": k.source is not None}
                 for k in session.scalars(q)
             ]  # fmt: skip
 

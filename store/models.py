@@ -12,6 +12,9 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+#: Name of the unique constraint that makes a kernel's identity (name, arch, source_hash).
+KERNEL_IDENTITY = "uq_kernel_identity"
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -48,8 +51,14 @@ class Problem(Base):
 
 
 class Kernel(Base):
+    """A kernel is what was measured: its name, the target and the source it was built from.
+
+    ``source_hash`` is the sha256 of the rendered source (None: never rendered, an invalid point).
+    A template change gives the same name a new row; trials stay with the source they measured.
+    """
+
     __tablename__ = "gs_kernels"
-    __table_args__ = (UniqueConstraint("name", "arch", name="uq_kernel_name_arch"),)
+    __table_args__ = (UniqueConstraint("name", "arch", "source_hash", name=KERNEL_IDENTITY),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(400), index=True)

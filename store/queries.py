@@ -27,6 +27,7 @@ def filtered_trials(
     family: str | Iterable[str] | None = None,
     status: str | Iterable[str] | None = None,
     kernel_name: str | None = None,
+    source_hash: str | None = None,
     name_contains: str | None = None,
     study: str | None = None,
 ) -> Select[tuple[Trial]]:
@@ -46,11 +47,19 @@ def filtered_trials(
         q = q.where(Trial.status.in_(statuses))
     if kernel_name is not None:
         q = q.where(Kernel.name == kernel_name)
+    if source_hash is not None:
+        q = q.where(Kernel.source_hash == source_hash)
     if name_contains:
         q = q.where(Kernel.name.contains(name_contains, autoescape=True))
     if study is not None:
         q = q.where(Trial.run_id.in_(select(Run.id).where(Run.study_name == study)))
     return q
+
+
+def kernel_identity(name: str, arch: str, source_hash: str | None) -> Select[tuple[Kernel]]:
+    """The kernel row(s) of one identity; a None hash (never rendered) matches NULL."""
+    q = select(Kernel).where(Kernel.name == name, Kernel.arch == arch)
+    return q.where(Kernel.source_hash.is_(None) if source_hash is None else Kernel.source_hash == source_hash)
 
 
 def _eager(q: Select[tuple[Trial]]) -> Select[tuple[Trial]]:

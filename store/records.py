@@ -49,8 +49,9 @@ def trial_dict(t: Trial) -> dict[str, Any]:
     """One flat row per trial (friendly to a DataFrame), with the spec under ``params``."""
     p = t.problem
     row: dict[str, Any] = {
-        "id": t.id, "run_id": t.run_id, "number": t.number, "created": _iso(t.created),
+        "id": t.id, "run_id": t.run_id, "number": t.number, "created": _iso(t.created), "kernel_id": t.kernel_id,
         "kernel": t.kernel.name, "family": t.kernel.family, "arch": t.kernel.arch,
+        "source_hash": t.kernel.source_hash,
         "problem": p.key, "problem_id": p.id, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
         "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block,
         "device": t.device.name, "device_id": t.device_id, "ratio_cublas": t.ratio_cublas,

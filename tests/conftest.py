@@ -29,3 +29,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def toy_family():
+    """A second kernel family (tests/plugins/toy.py) put where the registry looks for families."""
+    import sys
+    from pathlib import Path
+
+    import codegen.families as registry
+
+    folder = str(Path(__file__).resolve().parent / "plugins")
+    registry.__path__.append(folder)
+    registry._families.cache_clear()
+    try:
+        yield registry.get("toy")
+    finally:
+        registry.__path__.remove(folder)
+        registry._families.cache_clear()
+        sys.modules.pop("codegen.families.toy", None)

@@ -16,9 +16,10 @@ import pytest
 
 from codegen import sass
 from codegen.compile import CompileError, CompileResult, compile_source
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType
 from codegen.render import render
-from codegen.spec import DeviceLimits, SimtSpec
+from codegen.spec import DeviceLimits
 
 pytestmark = pytest.mark.timeout(180)
 

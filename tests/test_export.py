@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from codegen.evaluate import build
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
 
 
 @pytest.fixture
@@ -34,7 +34,8 @@ def stored(tmp_path, monkeypatch):
                   "tflops": problem.flops / ms / 1e9, "gbps": 1.0, "rel_error": 1e-3,
                   "baselines": {"cublas": {"median_ms": 0.02, "p20_ms": 0.02, "p80_ms": 0.02}},
                   "ratio": {"cublas": 0.02 / ms}}
-        store.add_trial(run, spec.name, "sm_90", problem, device, i, result, spec.to_dict())
+        store.add_trial(run, spec.name, "sm_90", problem, device, i, result, spec.to_dict(),
+                        source_hash=built.kernel_record()["source_hash"])
     return url, problem, specs
 
 
@@ -96,3 +97,85 @@ def test_results_table_lists_the_best_per_problem(stored):
     js = subprocess.run([sys.executable, "-m", "codegen", "results", "--db", url, "--json"], capture_output=True,
                         text=True, timeout=120)
     assert json.loads(js.stdout)[0]["kernel"] == specs[0].name
+
+
+# ---- the measured source is what ships ---------------------------------------------------------------
+def _measured(store, spec, problem, source_hash, source=None, ms=0.01):
+    """A kernel measured with ``source_hash``; its text is stored only when ``source`` is given."""
+    device = store.device({"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"})
+    record = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": "sm_90",
+              "source_hash": source_hash}
+    if source is not None:
+        record["source"] = source
+    store.kernel(record)
+    result = {"status": "ok", "evidence": "", "median_ms": ms, "p20_ms": ms, "p80_ms": ms, "times_ms": [ms],
+              "tflops": 1.0, "gbps": 1.0, "rel_error": 1e-7, "baselines": {}, "ratio": {}}
+    store.add_trial(None, spec.name, "sm_90", problem, device, None, result, spec.to_dict(), source_hash=source_hash)
+
+
+def test_export_ships_the_stored_source_not_a_new_render(tmp_path):
+    from codegen.export import export_kernel
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    spec = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    measured = render(spec) + "// as it was when it was measured\n"  # the templates have moved on since
+    _measured(store, spec, problem, source_hash(measured), measured)
+    for cu, js in (export_kernel(store, spec.name), store.export(spec.name)):
+        manifest = json.loads(js)
+        assert cu == measured
+        assert manifest["source_hash"] == source_hash(measured) and manifest["source_rerendered"] is False
+        assert manifest["measured"]["median_ms"] == pytest.approx(0.01) and manifest["family"] == "simt"
+
+
+def test_export_picks_the_source_of_the_best_measurement(tmp_path):
+    from codegen.export import export_kernel
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    spec = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    old, new = render(spec) + "// old\n", render(spec) + "// new\n"
+    _measured(store, spec, problem, source_hash(old), old, ms=0.02)
+    _measured(store, spec, problem, source_hash(new), new, ms=0.01)
+    cu, js = export_kernel(store, spec.name)
+    assert cu == new and json.loads(js)["measured"]["median_ms"] == pytest.approx(0.01)
+    cu, js = export_kernel(store, spec.name, source_hash=source_hash(old))
+    assert cu == old and json.loads(js)["source_hash"] == source_hash(old)
+
+
+def test_export_never_pins_a_measurement_on_other_source(tmp_path):
+    from codegen.export import ExportError, export_kernel
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    stale = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    _measured(store, stale, problem, "0" * 64)  # measured source not stored, and not today's render
+    with pytest.raises(ExportError, match="not of this source"):
+        export_kernel(store, stale.name)
+    with pytest.raises(ExportError, match="no source is stored"):
+        store.export(stale.name)  # the store never renders
+
+    same = SimtSpec(bm=64, bn=64, bk=8, wm=16, wn=32, tm=4, tn=4)  # measured with the hash of today's render
+    assert not same.check()
+    _measured(store, same, problem, source_hash(render(same)))
+    cu, js = export_kernel(store, same.name)
+    manifest = json.loads(js)
+    assert cu == render(same) and manifest["source_rerendered"] is True and "rendered by this export" in manifest["source_note"]
+    assert manifest["source_hash"] == source_hash(cu) and manifest["measured"] is not None
+
+
+def test_export_files_says_a_source_was_rendered():
+    from codegen.export import export_files
+    from codegen.render import render, source_hash
+
+    spec = SimtSpec()
+    cu, js = export_files(spec, Problem(64, 64, 64), None, "sm_90")
+    manifest = json.loads(js)
+    assert cu == render(spec) and manifest["source_rerendered"] is True
+    assert manifest["source_hash"] == source_hash(cu) and manifest["measured"] is None

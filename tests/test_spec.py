@@ -8,8 +8,9 @@ import re
 
 import pytest
 
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import DeviceLimits, SimtSpec
+from codegen.spec import DeviceLimits
 
 #: The seed article's kernels: naive (straight from global memory) and 16/32 shared-memory tiled.
 NAIVE = SimtSpec(stages=0, bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1)

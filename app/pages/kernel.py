@@ -7,7 +7,6 @@ import pandas as pd
 import streamlit as st
 
 from app import ui
-from codegen.export import export_kernel
 from store import Store
 
 
@@ -22,9 +21,10 @@ def choose_kernel(store: Store) -> str | None:
     return st.sidebar.selectbox("Kernel", names, index=index, key="kernel_name")
 
 
-def export_downloads(store: Store, name: str) -> None:
+def export_downloads(store: Store, name: str, arch: str, source_hash: str | None) -> None:
+    """The measured source as stored (the store never re-renders it), with its manifest."""
     try:
-        cu, manifest = export_kernel(store, name)
+        cu, manifest = store.export(name, arch=arch, source_hash=source_hash)
     except Exception as err:  # noqa: BLE001 - export says why it refuses; show it, never a traceback
         st.warning(f"Could not export {name}: {err}")
         return
@@ -34,8 +34,8 @@ def export_downloads(store: Store, name: str) -> None:
                           key="kernel_json")  # fmt: skip
 
 
-def timing_spread(store: Store, name: str) -> None:
-    ok = store.trials(kernel_name=name, status="ok")
+def timing_spread(store: Store, name: str, source_hash: str | None) -> None:
+    ok = store.trials(kernel_name=name, status="ok", source_hash=source_hash)
     if not ok:
         st.info("No ok measurement of this kernel.")
         return
@@ -69,11 +69,17 @@ def page(store: Store) -> None:
     if name is None:
         st.info("No kernels recorded yet.")
         return
-    arches = sorted({k["arch"] for k in store.kernels() if k["name"] == name})
+    versions = [k for k in store.kernels() if k["name"] == name]
+    arches = sorted({k["arch"] for k in versions})
     arch = st.sidebar.selectbox("Arch", arches, key="kernel_arch") if len(arches) > 1 else arches[0]
-    record = store.kernel_record(name, arch)
+    # A kernel name built from other template source is another kernel: newest source first.
+    sources = [k["source_hash"] for k in reversed(versions) if k["arch"] == arch]
+    source_hash = (st.sidebar.selectbox("Source", sources, key="kernel_source", format_func=lambda h: (h or "none")[:12])
+                   if len(sources) > 1 else sources[0])
+    record = store.kernel_record(name, arch, source_hash)
     st.code(name, language=None)
-    st.caption(f"family {record['family']} · {record['arch']} · source hash {record['source_hash'] or '–'}")
+    st.caption(f"family {record['family']} · {record['arch']} · source hash {record['source_hash'] or '–'}"
+               + (f" · {len(sources)} sources recorded for this name" if len(sources) > 1 else ""))
 
     spec_col, report_col = st.columns(2)
     with spec_col:
@@ -89,7 +95,7 @@ def page(store: Store) -> None:
         st.code(" ".join(record["options"]) or "–", language=None)
 
     st.subheader("Timing spread")
-    timing_spread(store, name)
+    timing_spread(store, name, source_hash)
 
     st.subheader("Source")
     if record["source"]:
@@ -100,7 +106,7 @@ def page(store: Store) -> None:
         st.code(record["log"] or "(empty)", language="text")
 
     st.subheader("Export")
-    export_downloads(store, name)
+    export_downloads(store, name, arch, source_hash)
 
 
 ui.guarded(page)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
 from store import Store
 
 H200 = {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"}
@@ -16,6 +17,7 @@ DENSE = Problem(1024, 1024, 1024)
 SKINNY = Problem(32, 4096, 4096, dtype=DType.bf16, bias=True)
 HOSTILE_EVIDENCE = "error: <script>alert('x')</script> expected ';'"
 SOURCE = 'extern "C" __global__ void k(float* y) {\n  // <b>not html</b>\n  y[0] = 1.0f;\n}\n'
+SOURCE_HASH = hashlib.sha256(SOURCE.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def variant(i: int, dtype: DType = DType.fp32, bias: bool = False) -> SimtSpec:
 def record(spec: SimtSpec, compiled: bool = True) -> dict:
     rec = {"name": spec.name, "family": "simt", "spec": spec.to_dict(), "arch": "sm_90"}
     if compiled:
-        rec |= {"source": SOURCE, "source_hash": "f00d", "options": ["-arch=sm_90", "-std=c++17"], "log": "",
+        rec |= {"source": SOURCE, "source_hash": SOURCE_HASH, "options": ["-arch=sm_90", "-std=c++17"], "log": "",
                 "report": {spec.name: {"registers": 96, "stack": 0, "spill_stores": 0, "spill_loads": 0,
                                        "barriers": 1}}}  # fmt: skip
     return rec
@@ -64,12 +66,14 @@ def search(store: Store, dev: int, sampler: str, seed: int, statuses: dict[int, 
                           f"codegen search --sampler {sampler} --seed {seed}")  # fmt: skip
     for n in range(12):
         spec = variant((n * (seed + 1) + 5) % 12)  # runs meet the best kernel at different trials
-        store.kernel(record(spec, compiled=statuses.get(n, ("",))[0] != "invalid"))
+        compiled = statuses.get(n, ("",))[0] != "invalid"
+        store.kernel(record(spec, compiled=compiled))
         if n in statuses:
             result = failed(*statuses[n])
         else:
             result = ok(0.2 + 0.05 * (spec.pad % 4) + 0.01 * spec.group_m + 0.001 * seed, DENSE, 0.07)
-        store.add_trial(run, spec.name, "sm_90", DENSE, dev, n, result, spec.to_dict())
+        store.add_trial(run, spec.name, "sm_90", DENSE, dev, n, result, spec.to_dict(),
+                        source_hash=SOURCE_HASH if compiled else None)
     store.end_run(run)
 
 
@@ -81,14 +85,16 @@ def build(url: str, sparse: bool = True) -> None:
                                       7: ("launch_out_of_resources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")})  # fmt: skip
     bench = variant(0, DType.bf16, bias=True)
     store.kernel(record(bench))
-    store.add_trial(None, bench.name, "sm_90", SKINNY, h200, None, ok(0.05, SKINNY, 0.019), bench.to_dict())
-    store.add_trial(None, bench.name, "sm_90", SKINNY, other, None, ok(0.08, SKINNY, 0.03), bench.to_dict())
+    store.add_trial(None, bench.name, "sm_90", SKINNY, h200, None, ok(0.05, SKINNY, 0.019), bench.to_dict(),
+                    source_hash=SOURCE_HASH)
+    store.add_trial(None, bench.name, "sm_90", SKINNY, other, None, ok(0.08, SKINNY, 0.03), bench.to_dict(),
+                    source_hash=SOURCE_HASH)
     for block, speedups in () if not sparse else ((32, (2.5, 1.4, 0.8)), (64, (3.0, 1.8, 1.1))):
         for density, speedup in zip((0.1, 0.25, 0.5), speedups, strict=True):
             problem = SparseProblem(2048, 2048, 2048, density=density, block=block)
             spec = variant(block // 32)
             store.add_trial(None, spec.name, "sm_90", problem, h200, None, ok(1.0 / speedup, problem, 1.0),
-                            spec.to_dict())  # fmt: skip
+                            spec.to_dict(), source_hash=SOURCE_HASH)  # fmt: skip
     store.close()
 
 

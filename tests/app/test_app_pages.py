@@ -167,3 +167,28 @@ def test_sparsity_guidance_without_sparse_results(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("GEMMSCAPE_DB", url)
     at = open_page("Sparsity")
     assert "No block-sparse results yet" in texts(at)
+
+
+def test_kernel_page_keeps_each_source_of_a_name_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template change gives a kernel name a second source: the page shows and exports either one."""
+    from app_fixture_db import H200, ok, record, variant
+
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    store = Store(url)
+    dev = store.device(H200)
+    spec = variant(0)
+    for text, ms in ((SOURCE, 0.3), (SOURCE + "// a later template\n", 0.2)):
+        store.kernel({**record(spec), "source": text, "source_hash": None})
+        store.add_trial(None, spec.name, "sm_90", DENSE, dev, None, ok(ms, DENSE, 0.07), spec.to_dict(),
+                        source_hash=store.kernel_record(spec.name, "sm_90")["source_hash"])
+    store.close()
+    monkeypatch.setenv("GEMMSCAPE_DB", url)
+    at = open_page("Kernel")
+    assert "2 sources recorded for this name" in texts(at)
+    assert [c.value for c in at.code if c.language == "cpp"] == [(SOURCE + "// a later template\n").rstrip()]
+    assert len(at.dataframe[-1].value) == 1  # the timing of this source only
+    older = at.sidebar.selectbox(key="kernel_source").options[1]
+    at.sidebar.selectbox(key="kernel_source").set_value(older)
+    rerun(at)
+    assert [c.value for c in at.code if c.language == "cpp"] == [SOURCE.rstrip()]
+    assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from codegen.export import export_files
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import Problem
-from codegen.spec import SimtSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -10,9 +10,9 @@ import pytest
 
 from codegen.compile import compile_source
 from codegen.evaluate import Built, Evaluator
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
-from codegen.render import environment, template_values
-from codegen.spec import SimtSpec
+from codegen.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -117,7 +117,7 @@ def test_too_many_resources_is_a_status():
     problem = Problem(512, 512, 512)
     with Evaluator(baseline=False, timing=QUICK, timeout_s=30.0) as ev:
         assert any("shared memory" in r for r in spec.check(problem, ev.limits()))
-        text = environment().get_template("simt.cu.j2").render(**template_values(spec))
+        text = render(spec, check=False)
         built = Built(spec, text, compile_source(text, spec.name, use_cache=False))
         result = ev.run(built, problem)
         assert result["status"] == "launch_out_of_resources", result

@@ -132,3 +132,93 @@ def test_point_of_inverts_to_spec():
         assert space.spec(point_of(spec), problem) == spec
         if i > 200_000:
             break
+
+
+# ---- which source was measured -------------------------------------------------------------------------
+def test_recording_says_which_source_each_result_measured():
+    m = ReplayMeasurer(RECORDING)
+    assert m.hashes_known and "9ad82c1" in m.recorded["source_hashes"]
+    hashes = [r["source_hash"] for r in m.results.values()]
+    assert len(set(hashes)) == len(hashes) and all(len(h) == 64 for h in hashes)
+    name = next(n for n in m.results)
+    from codegen.families import spec_from_name
+
+    spec = spec_from_name(name)
+    assert m.source_hash(spec) == m.results[name]["source_hash"]
+    m.submit("t", spec)
+    done = m.next_done()
+    assert done.kernel["source_hash"] == m.results[name]["source_hash"] and "source_hash" not in done.result
+    assert "source_hash" not in m.best
+
+
+def test_replayed_trials_are_stored_with_the_recorded_source(tmp_path):
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    summary, m = replay("random", 0, 8, store=store)
+    rows = [r for r in store.trials() if r["status"] != "invalid"]
+    assert len(rows) == 8 and all(r["source_hash"] == m.results[r["kernel"]]["source_hash"] for r in rows)
+
+
+def _rehashed(path: Path, tmp_path: Path, change) -> Path:
+    import json
+
+    doc = json.loads(path.read_text())
+    for r in doc["results"].values():
+        r["source_hash"] = change(r["source_hash"])
+        if r["source_hash"] is None:
+            del r["source_hash"]
+    out = tmp_path / path.name
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def test_a_changed_source_is_measured_again_not_reused(tmp_path):
+    """Same kernels, same store: results are reused for the source they measured, never for new source."""
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'c.db'}")
+    m = ReplayMeasurer(RECORDING)
+    from search.space import point_of
+
+    seeds = [point_of(m.space.spec(p, m.problem)) for p in list(m.space.points())[:40]
+             if not m.space.spec(p, m.problem).check(m.problem, m.limits)][:3]
+    run = lambda measurer, seed: run_search(measurer.problem, measurer.space, measurer, sampler="random",  # noqa: E731
+                                            seed=seed, budget=3, store=store, progress=False, seeds=seeds)
+    run(ReplayMeasurer(RECORDING), 0)
+    seeded = {m.space.spec(p, m.problem).name for p in seeds}
+    again = run(ReplayMeasurer(RECORDING), 1)  # a new study: the seeds are known from the store
+    assert again.evaluated_now == 3
+    counts = {n: len(store.trials(kernel_name=n)) for n in seeded}
+    assert counts == dict.fromkeys(seeded, 1), counts
+    changed = ReplayMeasurer(_rehashed(RECORDING, tmp_path, lambda h: "changed-" + h))  # templates changed
+    run(changed, 2)
+    for name in seeded:
+        rows = store.trials(kernel_name=name)
+        old = m.results[name]["source_hash"]
+        assert [r["source_hash"] for r in rows] == [old, "changed-" + old]
+    assert len({(k["name"], k["source_hash"]) for k in store.kernels()}) == len(store.kernels())
+
+
+def test_a_recording_without_hashes_says_so_and_reuses_nothing(tmp_path):
+    from store import Store
+
+    bare = ReplayMeasurer(_rehashed(RECORDING, tmp_path, lambda h: None))
+    assert not bare.hashes_known
+    name = next(iter(bare.results))
+    from codegen.families import spec_from_name
+
+    assert bare.source_hash(spec_from_name(name)) is None
+    store = Store(f"sqlite:///{tmp_path / 'u.db'}")
+    kw = dict(sampler="tpe", seed=3, store=store, progress=False)
+    run_search(bare.problem, bare.space, bare, budget=6, **kw)
+    second = run_search(bare.problem, bare.space, ReplayMeasurer(bare_path := tmp_path / RECORDING.name), budget=6,
+                        **kw)
+    assert bare_path.is_file() and second.evaluated == 6
+    rows = [r for r in store.trials() if r["status"] != "invalid"]
+    assert all(r["source_hash"] is None for r in rows)
+    out = subprocess.run([sys.executable, "-m", "codegen", "search", "--m", "4096", "--n", "4096", "--k", "4096",
+                          "--replay", str(bare_path), "--budget", "5", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "does not say which source each result measured" in out.stderr

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import pytest
 
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
-from codegen.spec import SimtSpec
 from store import Store
 
 H200 = {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"}
@@ -36,8 +37,17 @@ def spec(variant: int = 0, **kw: object) -> SimtSpec:
     return dataclasses.replace(base, pad=base.pad + variant)
 
 
-def add(store: Store, dev: int, s: SimtSpec, result: dict, problem: Problem = P, run: int | None = None, n: int = 0):
-    return store.add_trial(run, s.name, "sm_90", problem, dev, n, result, s.to_dict())
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: The hash of the source the trials below measured, unless a test says otherwise.
+H1, H2 = sha("source one"), sha("source two")
+
+
+def add(store: Store, dev: int, s: SimtSpec, result: dict, problem: Problem = P, run: int | None = None, n: int = 0,
+        source_hash: str | None = H1):
+    return store.add_trial(run, s.name, "sm_90", problem, dev, n, result, s.to_dict(), source_hash=source_hash)
 
 
 def test_device_and_problem_get_or_create_is_idempotent(store: Store) -> None:
@@ -68,12 +78,12 @@ def test_problem_keeps_density_and_block_when_given(store: Store) -> None:
 
 def test_kernel_upsert_fills_in_later_fields(store: Store) -> None:
     s = spec()
-    record = {"name": s.name, "family": "simt", "spec": s.to_dict(), "arch": "sm_90"}
+    source = 'extern "C" __global__ void k() {}'
+    record = {"name": s.name, "family": "simt", "spec": s.to_dict(), "arch": "sm_90", "source_hash": sha(source)}
     kid = store.kernel(record)
     assert store.kernel_record(s.name)["source"] is None
     report = {s.name: {"registers": 64, "stack": 0, "spill_stores": 0, "spill_loads": 0, "barriers": 1}}
-    full = {**record, "source": "extern \"C\" __global__ void k() {}", "source_hash": "abc",
-            "options": ["-arch=sm_90", "-std=c++17"], "report": report, "log": "ok"}  # fmt: skip
+    full = {**record, "source": source, "options": ["-arch=sm_90", "-std=c++17"], "report": report, "log": "ok"}
     assert store.kernel(full) == kid
     assert store.kernel(record) == kid  # a later record without source keeps what is known
     got = store.kernel_record(s.name, "sm_90")
@@ -81,6 +91,40 @@ def test_kernel_upsert_fills_in_later_fields(store: Store) -> None:
     assert store.kernel({**record, "arch": "sm_80"}) != kid
     assert store.kernel_record(s.name, "sm_75") is None
     assert store.kernel_record("nope") is None
+
+
+def test_kernel_identity_includes_the_source_hash(store: Store) -> None:
+    s = spec()
+    base = {"name": s.name, "family": "simt", "spec": s.to_dict(), "arch": "sm_90"}
+    old = store.kernel({**base, "source": "old template text"})  # the hash is computed from the source
+    new = store.kernel({**base, "source": "new template text"})
+    unrendered = store.kernel(base)  # an invalid point: never rendered, no hash
+    assert len({old, new, unrendered}) == 3 and store.kernel(base) == unrendered
+    assert store.kernel_record(s.name, source_hash=sha("old template text"))["source"] == "old template text"
+    assert store.kernel_record(s.name, "sm_90", sha("new template text"))["id"] == new
+    assert store.kernel_record(s.name, source_hash=sha("never")) is None
+    assert [k["source_hash"] for k in store.kernels()] == [sha("old template text"), sha("new template text"), None]
+    with pytest.raises(ValueError, match="not the hash of its source"):
+        store.kernel({**base, "source": "text", "source_hash": sha("other text")})
+
+
+def test_trials_attach_to_the_source_they_measured(store: Store) -> None:
+    dev = store.device(H200)
+    s = spec()
+    store.kernel({"name": s.name, "family": "simt", "spec": s.to_dict(), "arch": "sm_90", "source": "source one"})
+    add(store, dev, s, ok(2.0), source_hash=H1)
+    add(store, dev, s, ok(1.0), source_hash=H2)  # the same name after a template change
+    rows = store.trials(kernel_name=s.name)
+    assert [r["source_hash"] for r in rows] == [H1, H2] and rows[0]["kernel_id"] != rows[1]["kernel_id"]
+    assert [r["median_ms"] for r in store.trials(source_hash=H1)] == [2.0]
+    assert len(store.kernels()) == 2
+    best = store.measured_kernel(s.name)
+    assert best["trial"]["median_ms"] == 1.0 and best["kernel"]["source_hash"] == H2
+    assert best["kernel"]["source"] is None  # H2 was never stored with its text
+    assert best["device"]["name"] == "NVIDIA H200" and best["versions"] == {}
+    of_h1 = store.measured_kernel(s.name, P, arch="sm_90", source_hash=H1)
+    assert of_h1["trial"]["median_ms"] == 2.0 and of_h1["kernel"]["source"] == "source one"
+    assert store.measured_kernel(s.name, Q) is None and store.measured_kernel(s.name, arch="sm_80") is None
 
 
 def test_trial_round_trip(store: Store) -> None:
@@ -135,13 +179,27 @@ def test_best_picks_fastest_ok_trial_per_problem(store: Store) -> None:
 def test_known_result_answers_a_spec_seen_before(store: Store) -> None:
     dev = store.device(H200)
     bad = spec(1)
-    assert store.known_result(P, dev, bad.name) is None
+    assert store.known_result(P, dev, bad.name, H1) is None
     add(store, dev, bad, failed("launch_out_of_resources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"))
-    known = store.known_result(P, dev, bad.name)
+    known = store.known_result(P, dev, bad.name, H1)
     assert known["status"] == "launch_out_of_resources"
     assert known["evidence"] == "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
-    assert store.known_result(Q, dev, bad.name) is None
-    assert store.known_result(P, store.device({**H200, "name": "other"}), bad.name) is None
+    assert store.known_result(Q, dev, bad.name, H1) is None
+    assert store.known_result(P, store.device({**H200, "name": "other"}), bad.name, H1) is None
+
+
+def test_known_result_never_answers_for_changed_source(store: Store) -> None:
+    dev = store.device(H200)
+    s = spec()
+    add(store, dev, s, ok(1.0), source_hash=H1)
+    assert store.known_result(P, dev, s.name, H1)["median_ms"] == 1.0
+    assert store.known_result(P, dev, s.name, H2) is None  # the template changed: measure again
+    assert store.known_result(P, dev, s.name, "") is None
+    add(store, dev, s, failed("invalid", "pad breaks alignment"), source_hash=None)  # never rendered
+    assert store.known_result(P, dev, s.name, H1)["status"] == "ok"
+    add(store, dev, s, ok(3.0), source_hash=H2)
+    assert store.known_result(P, dev, s.name, H2)["median_ms"] == 3.0
+    assert store.known_result(P, dev, s.name, H1)["median_ms"] == 1.0
 
 
 def test_trial_filters(store: Store) -> None:

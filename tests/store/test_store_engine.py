@@ -43,7 +43,7 @@ def test_read_only_refuses_writes(store_url: str) -> None:
         with pytest.raises(ReadOnlyError):
             reader.problem(Problem(8, 8, 8))
         with pytest.raises(ReadOnlyError):
-            reader.add_trial(None, "k", "sm_90", Problem(8, 8, 8), dev, 0, {"status": "ok"}, {})
+            reader.add_trial(None, "k", "sm_90", Problem(8, 8, 8), dev, 0, {"status": "ok"}, {}, source_hash=None)
     assert len(Store(store_url).devices()) == 1
 
 

@@ -1,0 +1,79 @@
+"""Kernel families as plug-ins: every module ``codegen/families/<name>.py`` is one family.
+
+A family module provides ``NAME``, a frozen dataclass ``Spec`` (``family``, ``dtype``, ``bias`` and
+its own variant fields; ``name``, ``from_name``, ``to_dict``, ``from_dict``, ``check``, ``threads``,
+``smem_bytes``), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, problem)``
+and ``grid_rule(spec)``. Everything outside the family finds it here and never names its fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import pkgutil
+from types import ModuleType
+from typing import Any
+
+from codegen.spec import KernelSpec
+
+__all__ = ["family_of", "get", "names", "spec_from_dict", "spec_from_name", "variant_fields"]
+
+#: Fields every family's Spec has; the others are its variant fields.
+COMMON_FIELDS = ("dtype", "bias")
+
+
+@functools.cache
+def _families() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        name = getattr(module, "NAME", None)
+        if name != info.name:
+            raise RuntimeError(f"family module {module.__name__} must set NAME = {info.name!r}, not {name!r}")
+        if getattr(module.Spec, "family", None) != name:
+            raise RuntimeError(f"{module.__name__}.Spec.family must be {name!r}")
+        found[name] = module
+    return found
+
+
+def names() -> list[str]:
+    """The known family names, sorted."""
+    return sorted(_families())
+
+
+def get(name: str) -> ModuleType:
+    """The family module called ``name``."""
+    try:
+        return _families()[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel family {name!r}; known families: {', '.join(names())}") from None
+
+
+def family_of(spec: KernelSpec) -> ModuleType:
+    """The module of the family a spec belongs to."""
+    return get(spec.family)
+
+
+def spec_from_dict(d: dict[str, Any]) -> KernelSpec:
+    """A spec from its ``to_dict()`` form, dispatched on ``d["family"]``."""
+    if not isinstance(d, dict) or "family" not in d:
+        raise ValueError(f"a spec dict names its family (one of {', '.join(names())}); got {d!r}")
+    return get(d["family"]).Spec.from_dict(d)
+
+
+def spec_from_name(name: str) -> KernelSpec:
+    """The spec whose generated name is ``name``, whichever family made it."""
+    for module in _families().values():
+        try:
+            return module.Spec.from_name(name)
+        except ValueError:
+            continue
+    raise ValueError(f"{name!r} is not a kernel name of any family ({', '.join(names())})")
+
+
+def variant_fields(name: str) -> list[dataclasses.Field]:
+    """A family's own spec fields (all but dtype and bias), in declaration order."""
+    return [f for f in dataclasses.fields(get(name).Spec) if f.name not in COMMON_FIELDS]

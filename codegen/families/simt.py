@@ -1,0 +1,331 @@
+"""SIMT family: CUDA-core GEMM with register blocking, fp32 accumulation.
+
+The spec (identity, validity, geometry), the values ``templates/simt.cu.j2`` needs, and how a
+variant is launched.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
+from codegen.problem import DType, Problem
+from codegen.spec import DeviceLimits
+
+NAME = "simt"
+REDUCES = ("none", "atomic", "two_pass")
+COPIES = ("reg", "async")
+
+#: Register type for a global load of the given number of bytes (all accepted by __ldg).
+LOAD_TYPE = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
+#: Register type for a shared-memory fragment read of 1, 2 or 4 floats.
+FRAG_TYPE = {1: "float", 2: "float2", 4: "float4"}
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """CUDA-core GEMM: block tile, warp tile, thread tile (register blocking) and staging.
+
+    ``stages`` = 0 reads both operands straight from global memory (the naive kernel);
+    1 stages tiles through shared memory; 2 double-buffers shared memory with a register
+    prefetch of the next tile. With ``copy="reg"`` tiles travel through registers and are
+    stored k-major ("transposed") so the inner loop reads ``tm``/``tn`` fragments with vector
+    loads; lanes own strided 4-wide chunks of the warp tile. With ``copy="async"`` tiles go
+    global -> shared with ``cp.async`` (sm_80+) into ``stages`` (2-4) buffers kept in the input
+    type and k-contiguous; the inner loop reads 4-wide k fragments and lanes own rows strided by
+    the lane count (conflict-free with ``pad``). Lanes of a warp form a ``(wm/tm) × (wn/tn)`` grid.
+    """
+
+    dtype: DType = DType.fp32
+    bias: bool = False
+    bm: int = field(default=128, metadata=_help("block tile rows (of M)"))
+    bn: int = field(default=128, metadata=_help("block tile columns (of N)"))
+    bk: int = field(default=8, metadata=_help("block tile depth (of K) per step"))
+    wm: int = field(default=32, metadata=_help("warp tile rows"))
+    wn: int = field(default=64, metadata=_help("warp tile columns"))
+    tm: int = field(default=8, metadata=_help("thread tile rows (1, 2 or a multiple of 4)"))
+    tn: int = field(default=8, metadata=_help("thread tile columns (1, 2 or a multiple of 4)"))
+    pad: int = field(default=4, metadata=_help("shared-memory row padding, elements"))
+    vec: int = field(default=4, metadata=_help("global load width, elements"))
+    stages: int = field(default=2, metadata=_help("0 (no shared memory), 1-2 with reg copies, 2-4 with async"))
+    copy: str = field(default="reg", metadata={"choices": COPIES,
+                                               "help": "global to shared through registers, or cp.async (sm_80+)"})
+    group_m: int = field(default=1, metadata=_help("block rows grouped for L2 reuse"))
+    split_k: int = field(default=1, metadata=_help("blocks sharing one output tile along K"))
+    reduce: str = field(default="none", metadata={"choices": REDUCES,
+                                                  "help": "split-K reduction: none (split_k 1), atomic, two_pass"})
+
+    family = NAME
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DType(self.dtype))
+        object.__setattr__(self, "bias", bool(self.bias))
+        for f in fields(self):
+            if f.type == "int" and not isinstance(getattr(self, f.name), int):
+                raise TypeError(f"{f.name} must be an int, got {getattr(self, f.name)!r}")
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        red = {"none": "", "atomic": "a", "two_pass": "r"}[self.reduce]
+        return (
+            f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
+            f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
+            f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
+            f"_g{self.group_m}_k{self.split_k}{red}"
+        )
+
+    _NAME = re.compile(
+        r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
+        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> Spec:
+        match = cls._NAME.fullmatch(name)
+        if not match or match["dtype"] not in {d.value for d in DType}:
+            raise ValueError(f"not a SIMT kernel name: {name!r}")
+        g = match.groupdict()
+        spec = cls(
+            dtype=DType(g.pop("dtype")),
+            bias=g.pop("bias") == "bias",
+            reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
+            copy="async" if g.pop("copy") else "reg",
+            **{k: int(v) for k, v in g.items()},
+        )
+        assert spec.name == name
+        return spec
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["dtype"] = self.dtype.value
+        d["family"] = self.family
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Spec:
+        if d.get("family", cls.family) != cls.family:
+            raise ValueError(f"a {d['family']!r} spec is not a {cls.family!r} spec: {d!r}")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+    # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def lanes_m(self) -> int:
+        return self.wm // self.tm
+
+    @property
+    def lanes_n(self) -> int:
+        return self.wn // self.tn
+
+    @property
+    def warps_m(self) -> int:
+        return self.bm // self.wm
+
+    @property
+    def warps_n(self) -> int:
+        return self.bn // self.wn
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    @property
+    def rm(self) -> int:
+        """Consecutive rows a lane owns: its fragment width along m (1, 2 or 4)."""
+        if self.copy == "async":
+            return 1
+        return 4 if self.tm % 4 == 0 else (2 if self.tm % 2 == 0 else 1)
+
+    @property
+    def rn(self) -> int:
+        if self.copy == "async":
+            return 1
+        return 4 if self.tn % 4 == 0 else (2 if self.tn % 2 == 0 else 1)
+
+    @property
+    def kv(self) -> int:
+        """k values per shared-memory fragment read on the async path (16 or 8 bytes)."""
+        return 4
+
+    @property
+    def a_vecs(self) -> int:
+        """Global vector loads of one X tile (per k-step)."""
+        return self.bm * self.bk // max(self.vec, 1)
+
+    @property
+    def w_vecs(self) -> int:
+        return self.bn * self.bk // max(self.vec, 1)
+
+    @property
+    def a_loads(self) -> int:
+        """Global vector loads of the X tile per thread per k-step."""
+        return -(-self.bm * self.bk // self.vec // max(self.threads, 1))
+
+    @property
+    def w_loads(self) -> int:
+        return -(-self.bn * self.bk // self.vec // max(self.threads, 1))
+
+    @property
+    def smem_bytes(self) -> int:
+        if self.stages == 0:
+            return 0
+        if self.copy == "async":
+            return self.dtype.itemsize * self.stages * (self.bm + self.bn) * (self.bk + self.pad)
+        return 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad))
+
+    @property
+    def regs_estimate(self) -> int:
+        if self.copy == "async":
+            # fragments of two k-steps live, and an address per unrolled tile load
+            return self.tm * self.tn + 2 * self.kv * (self.tm + self.tn) + 2 * (self.a_loads + self.w_loads) + 32
+        staged = (self.a_loads + self.w_loads) * self.vec if self.stages == 2 else 0
+        return self.tm * self.tn + self.tm + self.tn + staged + 28
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
+        """Why this point is invalid (empty when it is valid). Costs no compile."""
+        limits = limits or DeviceLimits()
+        why: list[str] = []
+        positive = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k")
+        for name in positive:
+            if getattr(self, name) < 1:
+                why.append(f"{name} must be >= 1")
+        if self.pad < 0:
+            why.append("pad must be >= 0")
+        if self.dtype.value not in ("fp32", "fp16", "bf16"):
+            why.append(f"the SIMT family computes fp32, fp16 or bf16, not {self.dtype.value}")
+        if why:
+            return why
+        if self.copy not in COPIES:
+            why.append(f"copy must be one of {COPIES}")
+        elif self.copy == "reg" and self.stages not in (0, 1, 2):
+            why.append(f"stages must be 0, 1 or 2 with register copies, got {self.stages}")
+        elif self.copy == "async" and self.stages not in (2, 3, 4):
+            why.append(f"stages must be 2, 3 or 4 with async copies, got {self.stages}")
+        if self.bm % self.wm or self.bn % self.wn:
+            why.append(f"warp tile {self.wm}x{self.wn} does not divide block tile {self.bm}x{self.bn}")
+        if self.wm % self.tm or self.wn % self.tn:
+            why.append(f"thread tile {self.tm}x{self.tn} does not divide warp tile {self.wm}x{self.wn}")
+        elif self.lanes_m * self.lanes_n != 32:
+            why.append(
+                f"warp tile {self.wm}x{self.wn} / thread tile {self.tm}x{self.tn} gives "
+                f"{self.lanes_m * self.lanes_n} lanes, a warp has 32"
+            )
+        if any((side not in (1, 2) and side % 4) or side > 16 for side in (self.tm, self.tn)):
+            why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
+        if why:
+            return why
+        if self.threads > limits.max_threads:
+            why.append(f"{self.threads} threads per block > {limits.max_threads}")
+        max_vec = 4 if self.dtype is DType.fp32 else 8
+        if self.vec not in (1, 2, 4, 8) or self.vec > max_vec:
+            why.append(f"vec must be a power of two up to {max_vec} for {self.dtype.value}")
+        if self.stages == 0:
+            if (self.bk, self.pad, self.vec) != (1, 0, 1):
+                why.append("stages=0 (no shared memory) takes bk=1, pad=0, vec=1")
+        else:
+            if self.bk % self.vec:
+                why.append(f"vec {self.vec} does not divide bk {self.bk}")
+            if self.copy == "async":
+                row_bytes = (self.bk + self.pad) * self.dtype.itemsize
+                if self.vec * self.dtype.itemsize not in (4, 8, 16):
+                    why.append("async copies move 4, 8 or 16 bytes: vec * element size must be one of them")
+                if row_bytes % 16 or self.bk % self.kv:
+                    why.append(f"async tiles need (bk + pad) * {self.dtype.itemsize} B a multiple of 16 "
+                               f"and bk a multiple of {self.kv}")
+                if limits.sm < 80:
+                    why.append("async copies (cp.async) need sm_80 or newer")
+            elif (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
+                why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
+            if self.smem_bytes > limits.max_smem:
+                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
+        if self.regs_estimate > limits.max_regs_per_thread:
+            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
+        elif self.regs_estimate * self.threads > limits.regs_per_block:
+            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
+        if self.reduce not in REDUCES:
+            why.append(f"reduce must be one of {REDUCES}")
+        elif (self.split_k == 1) != (self.reduce == "none"):
+            why.append("reduce is 'none' exactly when split_k is 1")
+        elif self.reduce == "atomic" and self.dtype is not DType.fp32:
+            why.append("atomic split-K reduction needs fp32 output")
+        if problem is not None:
+            if problem.dtype is not self.dtype:
+                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
+            if problem.bias != self.bias:
+                why.append("spec and problem disagree on bias")
+            step = max(self.bk, 1)
+            k_tiles = -(-problem.k // step)
+            if self.split_k > k_tiles:
+                why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
+        return why
+
+
+# ---- template values ------------------------------------------------------------------------------
+def template_values(spec: Spec) -> dict:
+    """Every number templates/simt.cu.j2 uses, derived here once (the template only spells CUDA)."""
+    size = spec.dtype.itemsize
+    values = spec.to_dict()
+    values.update(
+        dtype=spec.dtype.value,
+        rm=spec.rm, rn=spec.rn, lanes_m=spec.lanes_m, lanes_n=spec.lanes_n, warps_n=spec.warps_n,
+        threads=spec.threads,
+        m_step=spec.lanes_m * spec.rm,  # rows between the fragments a lane owns
+        n_step=spec.lanes_n * spec.rn,
+        m_frags=spec.tm // spec.rm, n_frags=spec.tn // spec.rn,
+        a_vecs=spec.a_vecs, w_vecs=spec.w_vecs, k_vecs=spec.bk // spec.vec,  # vector loads per tile, per tile row
+        a_loads=spec.a_loads, w_loads=spec.w_loads,  # per thread, rounded up
+        a_uneven=spec.a_vecs % spec.threads != 0, w_uneven=spec.w_vecs % spec.threads != 0,
+        vec_bytes=spec.vec * size,
+        vload_t=LOAD_TYPE.get(spec.vec * size, "unsigned int"),
+        frag_m_t=FRAG_TYPE[spec.rm], frag_n_t=FRAG_TYPE[spec.rn],
+        kv=spec.kv, frag_k_t=LOAD_TYPE[spec.kv * size],
+        cp_bytes=spec.vec * size, cp_cache="cg" if spec.vec * size == 16 else "ca",
+    )  # fmt: skip
+    if spec.copy == "async":
+        sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
+        values.update(
+            sk=sk, a_stage=spec.bm * sk, w_stage=spec.bn * sk, w_offset=spec.stages * spec.bm * sk,
+            a_row_step=spec.lanes_m * sk, w_row_step=spec.lanes_n * sk,
+            prefetch=spec.stages - 1, wait_groups=spec.stages - 2,
+        )  # fmt: skip
+    else:
+        sa, sw = spec.bm + spec.pad, spec.bn + spec.pad  # k-major rows, in floats
+        values.update(
+            sa=sa, sw=sw, a_stage=spec.bk * sa, w_stage=spec.bk * sw, w_offset=spec.stages * spec.bk * sa,
+        )  # fmt: skip
+    return values
+
+
+# ---- launch -----------------------------------------------------------------------------------------
+def plan(spec: Spec, problem: Problem) -> LaunchPlan:
+    grid_m = -(-problem.m // spec.bm)
+    grid_n = -(-problem.n // spec.bn)
+    main = KernelLaunch(
+        symbol=spec.name,
+        grid=(grid_m * grid_n, spec.split_k, 1),
+        block=(spec.threads, 1, 1),
+        smem=spec.smem_bytes,
+        args=MAIN_ARGS,
+    )
+    if spec.reduce != "two_pass":
+        return LaunchPlan(launches=(main,), zero_output=spec.reduce == "atomic")
+    return LaunchPlan(launches=(main, reduce_launch(spec.name, spec.split_k, problem)),
+                      workspace_bytes=workspace_bytes(spec.split_k, problem))
+
+
+def grid_rule(spec: Spec) -> str:
+    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
+    rule = (f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
+            f"block = ({spec.threads}, 1, 1)")
+    if spec.reduce == "two_pass":
+        rule += "; then " + reduce_rule(spec.name, spec.split_k)
+    if spec.reduce == "atomic":
+        rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
+    return rule

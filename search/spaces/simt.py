@@ -1,0 +1,63 @@
+"""The SIMT family's search space: everything templates/simt.cu.j2 can express worth trying."""
+
+from __future__ import annotations
+
+from codegen.families.simt import Spec
+from codegen.problem import DType, Problem
+from search.space import Space
+
+NAME = "simt"
+
+
+def space(dtype: DType = DType.fp32) -> Space:
+    return Space(
+        NAME,
+        {
+            "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
+            "bn": (32, 64, 128, 256),
+            "bk": (8, 16, 32, 64, 128),
+            "tm": (1, 2, 4, 8),
+            "tn": (1, 2, 4, 8),
+            "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
+            "pad": (0, 4, 8),
+            "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
+            "stages": (1, 2, 3, 4),
+            "copy": ("reg", "async"),
+            "group_m": (1, 4, 8),
+            "split_k": (1, 2, 4, 8, 16, 32),
+            "reduce": ("atomic", "two_pass"),
+        },
+    )
+
+
+#: A narrowing small enough to sweep exhaustively on a GPU in minutes (replay recordings use it).
+RESTRICTED = dict(
+    bm=(64, 128, 256), bn=(64, 128), bk=(8, 16, 32), tm=(4, 8), tn=(4, 8), lanes_m=(2, 4, 8),
+    pad=(0, 4), vec=(4,), stages=(2,), copy=("reg",), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
+)
+
+#: Known-good points (measured on the H200, see benchmarks/NOTES.md): the square tile and the
+#: skinny cp.async tile with split-K.
+SEEDS: list[dict] = [
+    dict(bm=128, bn=128, bk=16, tm=8, tn=8, lanes_m=4, pad=4, vec=4, stages=2, copy="reg", group_m=8,
+         split_k=1, reduce="atomic"),
+    dict(bm=32, bn=128, bk=32, tm=4, tn=8, lanes_m=4, pad=4, vec=4, stages=3, copy="async", group_m=1,
+         split_k=8, reduce="atomic"),
+]
+
+
+def to_spec(point: dict, problem: Problem) -> Spec:
+    """Map a point of the space onto a spec for the problem (may be an invalid spec)."""
+    p = dict(point)
+    lanes_m = p.pop("lanes_m")
+    p["reduce"] = p["reduce"] if p["split_k"] > 1 else "none"
+    return Spec(dtype=problem.dtype, bias=problem.bias, wm=lanes_m * p["tm"], wn=(32 // lanes_m) * p["tn"], **p)
+
+
+def point_of(spec: Spec) -> dict:
+    """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
+    d = spec.to_dict()
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")}
+    point["lanes_m"] = spec.wm // spec.tm
+    point["reduce"] = spec.reduce if spec.split_k > 1 else "atomic"
+    return point
