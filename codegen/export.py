@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from codegen.families import spec_from_dict
+from codegen.families import family_of, spec_from_dict
 from codegen.launch import ARG_TYPES, grid_rule, plan
 from codegen.problem import Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
@@ -36,6 +36,8 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
              source_hash: str | None = None, rerendered: bool = False) -> dict:
     cuda = DTYPE_CUDA[spec.dtype]
     launch = plan(spec, problem)
+    family_headers = getattr(family_of(spec), "headers", lambda _spec: [])(spec)
+    headers = list(dict.fromkeys(([cuda["header"]] if cuda["header"] else []) + family_headers))
     kernels = []
     for step in launch.launches:
         kernels.append({
@@ -57,8 +59,8 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
                         else "the stored source of the measured kernel"),
         "compile": {"arch": arch, "std": "c++17", "defines": {}, "options": [f"-arch={arch}", "-std=c++17"]},
         "includes": {
-            "headers": [cuda["header"]] if cuda["header"] else [],
-            "note": "CUDA toolkit headers (pass -I<cuda>/include)" if cuda["header"] else "none",
+            "headers": headers,
+            "note": "CUDA toolkit headers (pass -I<cuda>/include)" if headers else "none",
         },
         "element_type": cuda["ctype"],
         "kernels": kernels,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from codegen import families
 from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 
@@ -72,6 +73,10 @@ def _module(family: str):
 def space_for(family: str, dtype: DType, restricted: bool = False) -> Space:
     """The family's space for ``dtype``; ``restricted`` narrows it to what sweeps record."""
     module = _module(family)
+    takes = getattr(families.get(family), "DTYPES", None)
+    if takes is not None and DType(dtype) not in takes:
+        raise ValueError(f"the {family} family takes {', '.join(d.value for d in takes)} problems, not "
+                         f"{DType(dtype).value} (choose --dtype or another --family)")
     space = module.space(dtype)
     return space.restrict(**module.RESTRICTED) if restricted else space
 

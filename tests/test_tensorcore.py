@@ -83,7 +83,7 @@ def test_another_familys_dict_or_name_is_refused():
         (dict(warps_k=2), "slice-K"),
         (dict(split_k=2, reduce="atomic"), "atomic split-K needs an fp32 output"),
         (dict(split_k=2), "reduce is 'none' exactly when split_k is 1"),
-        (dict(wm=48), "multiples of 16"),
+        (dict(wm=8), "multiples of 16"),
         (dict(bk=24), "power-of-two number"),
         (dict(stages=6), "stages must be 2 to 5"),
         (dict(bm=256, bn=256, wm=32, wn=32), "threads per block"),
@@ -101,7 +101,7 @@ def test_check_against_a_problem_and_an_older_gpu():
     assert any("bias" in r for r in spec.check(Problem(64, 64, 64, DType.bf16)))
     assert any("k-tiles" in r for r in Spec(**dict(SQUARE, split_k=4, reduce="two_pass")).check(Problem(64, 64, 64)))
     assert any("sm_80" in r for r in Spec().check(limits=DeviceLimits.for_arch("sm_75")))
-    assert not Spec().check(Problem(4097, 4095, 4093), DeviceLimits.for_arch("sm_80"))
+    assert not Spec().check(Problem(4097, 4095, 4093, DType.bf16), DeviceLimits.for_arch("sm_80"))
 
 
 # ---- launch plan ----------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_space_points_map_to_specs_and_back():
     assert (derived.smem, derived.epilogue, derived.reduce) == ("pad", "smem", "two_pass")
     assert space.size > 100_000
     restricted = space_for("tensorcore", DType.bf16, restricted=True)
-    valid = [s for s in (restricted.spec(pt, Problem(4096, 4096, 4096)) for pt in restricted.points()) if not s.check()]
+    valid = [s for s in (restricted.spec(pt, Problem(4096, 4096, 4096, DType.bf16)) for pt in restricted.points()) if not s.check()]
     assert 8 <= len(valid) <= restricted.size
 
 

@@ -14,6 +14,8 @@ from codegen.problem import DType, Problem
 from codegen.spec import DeviceLimits
 
 NAME = "simt"
+#: Problem dtypes the family computes (tf32 is a tensor-core mode).
+DTYPES = (DType.fp32, DType.fp16, DType.bf16)
 REDUCES = ("none", "atomic", "two_pass")
 COPIES = ("reg", "async")
 
@@ -198,7 +200,7 @@ class Spec:
                 why.append(f"{name} must be >= 1")
         if self.pad < 0:
             why.append("pad must be >= 0")
-        if self.dtype.value not in ("fp32", "fp16", "bf16"):
+        if self.dtype not in DTYPES:
             why.append(f"the SIMT family computes fp32, fp16 or bf16, not {self.dtype.value}")
         if why:
             return why

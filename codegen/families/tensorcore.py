@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
-from codegen.launch import REDUCE_ARGS, REDUCE_THREADS, KernelLaunch, LaunchPlan
+from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
 from codegen.problem import DType, Problem
 from codegen.spec import DeviceLimits
 
@@ -48,7 +48,7 @@ class Spec:
     wm: int = field(default=64, metadata={"help": "warp tile rows"})
     wn: int = field(default=64, metadata={"help": "warp tile columns"})
     warps_k: int = field(default=1, metadata={"help": "warps splitting each k-tile (slice-K)"})
-    stages: int = field(default=3, metadata={"help": "cp.async pipeline depth (2-5)"})
+    stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-5)"})
     smem: str = field(default="swizzle", metadata={"choices": LAYOUTS, "help": "shared tile layout"})
     epilogue: str = field(default="direct", metadata={"choices": EPILOGUES, "help": "output stores"})
     group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
@@ -309,9 +309,10 @@ def packed_k(spec: Spec, k: int) -> int:
 
 
 def _partials_bytes(spec: Spec, problem: Problem) -> int:
+    """Two-pass split-K partial sums, first in the workspace, rounded up to 16 bytes."""
     if spec.reduce != "two_pass":
         return 0
-    return -(-(4 * spec.split_k * problem.m * problem.n) // 16) * 16
+    return -(-workspace_bytes(spec.split_k, problem) // 16) * 16
 
 
 def plan(spec: Spec, problem: Problem) -> LaunchPlan:
@@ -320,36 +321,36 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     launches = []
     workspace = _partials_bytes(spec, problem)
     if spec.prepass == "pack":
-        rows_chunks = (problem.m + problem.n) * (packed_k(spec, problem.k) // spec.chunk_elems)
-        launches.append(KernelLaunch(symbol=pack_symbol(spec), grid=(-(-rows_chunks // PACK_THREADS), 1, 1),
+        kp = packed_k(spec, problem.k)
+        chunks = (problem.m + problem.n) * (kp // spec.chunk_elems)
+        launches.append(KernelLaunch(symbol=pack_symbol(spec), grid=(-(-chunks // PACK_THREADS), 1, 1),
                                      block=(PACK_THREADS, 1, 1), smem=0, args=("WS", "X", "W", "M", "N", "K")))
-        workspace += (problem.m + problem.n) * packed_k(spec, problem.k) * spec.elem
+        workspace += (problem.m + problem.n) * kp * spec.elem
     launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
-                                 smem=spec.smem_bytes, args=("Y", "X", "W", "B", "WS", "M", "N", "K")))
+                                 smem=spec.smem_bytes, args=MAIN_ARGS))
     if spec.reduce == "two_pass":
-        total = problem.m * problem.n
-        launches.append(KernelLaunch(symbol=spec.name + "_reduce", grid=(-(-total // REDUCE_THREADS), 1, 1),
-                                     block=(REDUCE_THREADS, 1, 1), smem=0, args=REDUCE_ARGS))
+        launches.append(reduce_launch(spec.name, spec.split_k, problem))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, zero_output=spec.reduce == "atomic")
+
+
+def headers(spec: Spec) -> list[str]:
+    """Toolkit headers the source includes beyond the element type's (export manifests list them)."""
+    return ["mma.h"] if spec.mma == "wmma" else []
 
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    parts = []
     ce = spec.chunk_elems
-    partials = f"align16(4*{spec.split_k}*M*N)" if spec.reduce == "two_pass" else "0"
+    partials = f"ceil16(4*{spec.split_k}*M*N)" if spec.reduce == "two_pass" else "0"
+    parts = []
     if spec.prepass == "pack":
         parts.append(f"{pack_symbol(spec)}: KP = ceil(K/{ce})*{ce}; grid = (ceil((M+N)*KP/{ce}/{PACK_THREADS}), 1, 1), "
-                     f"block = ({PACK_THREADS}, 1, 1); it writes padded copies of X and W into WS at byte {partials}")
+                     f"block = ({PACK_THREADS}, 1, 1); it writes zero-padded copies of X and W to WS at byte {partials}, "
+                     f"(M+N)*KP*{spec.elem} bytes")
     parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
                  f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
     if spec.reduce == "two_pass":
-        parts.append(f"{spec.name}_reduce: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)")
+        parts.append("then " + reduce_rule(spec.name, spec.split_k) + " (rounded up to 16 bytes)")
     if spec.reduce == "atomic":
         parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
-    ws = [f"{partials}" if spec.reduce == "two_pass" else None,
-          f"(M+N)*KP*{spec.elem}" if spec.prepass == "pack" else None]
-    ws = [w for w in ws if w]
-    if ws:
-        parts.append("workspace WS = " + " + ".join(ws) + " bytes")
     return "; ".join(parts)
