@@ -7,7 +7,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 what=${1:-tier}; shift || true
 if [ "$what" = tier ]; then
   SECONDS=0
-  timeout "${TIER_TIMEOUT:-420}" python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -rfE 2>&1 \
+  timeout "${TIER_TIMEOUT:-420}" python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -rfE "$@" 2>&1 \
     | tee "$OUT/gpu-tests.log" | tail -40
   echo "GPU tier wall: ${SECONDS} s"
 else
