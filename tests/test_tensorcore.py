@@ -17,9 +17,9 @@ from codegen.render import render
 from codegen.spec import DeviceLimits
 from search.space import point_of, space_for, to_spec
 
-SQUARE = dict(bm=128, bn=128, bk=32, wm=64, wn=64, stages=4)
-SKINNY = dict(bm=32, bn=16, bk=128, wm=32, wn=16, warps_k=4, stages=5, epilogue="smem")
-GEMV = dict(bm=16, bn=16, bk=128, wm=16, wn=16, warps_k=4, stages=5, epilogue="smem")
+SQUARE = dict(bm=128, bn=128, bk=32, wm=64, wn=64, stages=4, epilogue="direct")
+SKINNY = dict(bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, stages=4, epilogue="smem")
+GEMV = dict(bm=16, bn=16, bk=256, wm=16, wn=16, warps_k=4, stages=5, epilogue="smem", group_m=4)
 WMMA = dict(mma="wmma", smem="pad", epilogue="smem", bm=128, bn=128, wm=64, wn=32)
 
 
@@ -47,7 +47,11 @@ def grid() -> list[Spec]:
 
 
 GRID = grid()
-DEFAULTS = [Spec(**SQUARE), Spec(**SKINNY), Spec(**GEMV), Spec(dtype=DType.tf32, **dict(SQUARE, bk=16))]
+#: The family's defaults per dtype and its skinny and GEMV seeds (search/spaces/tensorcore.py).
+DEFAULTS = [
+    Spec(), Spec(dtype=DType.fp16), Spec(**SKINNY), Spec(**GEMV), Spec(bias=True, **GEMV),
+    Spec(dtype=DType.tf32, bm=128, bn=128, bk=16, wm=64, wn=32, stages=4, epilogue="direct", prepass="pack"),
+]
 
 
 # ---- spec --------------------------------------------------------------------------------------
@@ -79,8 +83,8 @@ def test_another_familys_dict_or_name_is_refused():
     [
         (dict(dtype=DType.fp32), "fp32 on tensor cores is the tf32 problem dtype"),
         (dict(mma="wmma"), "smem must be 'pad'"),
-        (dict(mma="wmma", smem="pad"), "the epilogue must be 'smem'"),
-        (dict(warps_k=2), "slice-K"),
+        (dict(mma="wmma", smem="pad", epilogue="direct"), "the epilogue must be 'smem'"),
+        (dict(warps_k=2, epilogue="direct"), "slice-K"),
         (dict(split_k=2, reduce="atomic"), "atomic split-K needs an fp32 output"),
         (dict(split_k=2), "reduce is 'none' exactly when split_k is 1"),
         (dict(wm=8), "multiples of 16"),

@@ -103,11 +103,12 @@ def test_the_committed_benchmark_stores_open_and_upgrade(path: Path, tmp_path: P
     with gzip.open(path) as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     url = f"sqlite:///{db}"
+    was_old = bool(outdated(create_engine(url)))  # stores written since the upgrade are current already
     with Store(url, read_only=True) as reader:
         before = (reader.trials(), reader.kernels(), reader.best(per_problem=3))
         assert before[0] and any(k["source_hash"] for k in before[1])
     with Store(url) as store:
-        assert store.upgraded
+        assert bool(store.upgraded) == was_old
         assert (store.trials(), store.kernels(), store.best(per_problem=3)) == before
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall() == []
