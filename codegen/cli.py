@@ -200,6 +200,9 @@ def cmd_search(args: argparse.Namespace) -> int:
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
                              command=command, versions=versions(),
                              seeds=None if args.no_seeds else seeds(space.family))
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
+        print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
+        return 130
     finally:
         measurer.close()
     best = summary.best

@@ -28,6 +28,26 @@ class Failure(Exception):
         self.status, self.evidence, self.restart = status, evidence, restart
 
 
+#: Launch-time errors that mean the kernel asked for more than the device gives.
+RESOURCE_ERRORS = {"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_OUT_OF_MEMORY"}
+#: Errors that mean our harness misused the driver (no such symbol, a stale handle): a bug.
+HARNESS_ERRORS = {"CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_INVALID_HANDLE", "CUDA_ERROR_INVALID_CONTEXT",
+                  "CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_DEINITIALIZED"}
+
+
+def launch_failure(e: CudaError, stage: str, symbol: str, smem: int) -> Exception:
+    """What a CUDA error while getting (``stage`` "function") or launching ("launch") a kernel
+    says: a poisoned context, the kernel's resources, a refused launch, or our own bug."""
+    what = f"{stage} {symbol} ({smem} B dynamic shared memory): {e}"
+    if e.sticky:
+        return Failure("runtime_error", what, restart=True)
+    if e.code in HARNESS_ERRORS:
+        return RuntimeError(f"the harness misused the driver: {what}")  # a bug: the worker reports it as one
+    if e.code in RESOURCE_ERRORS or (stage == "function" and e.code == "CUDA_ERROR_INVALID_VALUE"):
+        return Failure("launch_out_of_resources", what)  # shared memory over the opt-in limit is refused here
+    return Failure("runtime_error", f"launch refused: {what}")
+
+
 class Operands:
     """One problem's inputs on host and device, and the output buffer."""
 
@@ -89,11 +109,12 @@ class Engine:
             ]
             try:
                 func = module.function(step.symbol, step.smem)
+            except CudaError as e:
+                raise launch_failure(e, "function", step.symbol, step.smem) from e
+            try:
                 cuda.launch(func, step.grid, step.block, step.smem, self.stream, args)
             except CudaError as e:
-                if e.sticky:
-                    raise Failure("runtime_error", str(e), restart=True) from e
-                raise Failure("launch_out_of_resources", str(e)) from e
+                raise launch_failure(e, "launch", step.symbol, step.smem) from e
 
     def synchronize(self, what: str) -> None:
         try:
@@ -164,8 +185,8 @@ class Engine:
         problem = Problem.from_dict(job["problem"])
         try:
             module = Module(job["cubin"])
-        except CudaError as e:
-            raise Failure("runtime_error" if e.sticky else "compile_error", f"module load: {e}", e.sticky) from e
+        except CudaError as e:  # the cubin compiled; the driver would not load it (arch, image, memory)
+            raise Failure("context_lost" if e.sticky else "load_error", f"module load: {e}", e.sticky) from e
         try:
             # Odd-shape probe with fresh inputs: catches tail bugs the main shape can hide.
             probe = Problem.from_dict(job["probe"])

@@ -14,13 +14,22 @@ from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
 from codegen.worker import GpuWorker
 
+#: How an evaluation can end. compile_error: NVRTC refused the source (or its process died on it);
+#: load_error: the driver would not load the cubin; launch_out_of_resources: registers, shared
+#: memory or workspace beyond the device; runtime_error: a refused launch or a fault in the kernel;
+#: context_lost: the context was already unusable; worker_crash: the worker process died.
 STATUSES = (
-    "ok", "invalid", "compile_error", "compile_timeout", "launch_out_of_resources", "runtime_error",
+    "ok", "invalid", "compile_error", "compile_timeout", "load_error", "launch_out_of_resources", "runtime_error",
     "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf",
 )
 #: Small shape, no side a multiple of any tile: every evaluation also runs it.
 PROBE = (67, 45, 91)
 DEFAULT_TIMING = {"reps_min": 20, "reps_max": 100, "target_ms": 100.0}
+
+
+class InternalError(RuntimeError):
+    """gemmscape's own code failed (render, plan, the worker's harness, the store): a bug, never
+    a kernel's status. A search stops with it."""
 
 
 def blank_result(status: str, evidence: str) -> dict:
@@ -110,6 +119,8 @@ class Evaluator:
                  "baseline": self.baseline and problem not in self._baselines},
                 self.prepare_timeout_s,
             )
+            if reply.get("bug"):
+                raise InternalError(f"the GPU worker failed preparing {problem.key}:\n{reply['bug']}")
             if "baselines" not in reply:
                 raise RuntimeError(f"could not prepare {problem.key} on the GPU: {reply.get('evidence')}")
             self._baselines.setdefault(problem, reply["baselines"])
@@ -131,6 +142,8 @@ class Evaluator:
             "timing": self.timing,
         }
         reply = self.worker.request(job, self.timeout_s)
+        if reply.get("bug"):
+            raise InternalError(f"the GPU worker's own code failed on {built.spec.name}:\n{reply['bug']}")
         if reply.get("status") != "ok":
             return blank_result(reply.get("status", "worker_crash"), reply.get("evidence", ""))
         result = blank_result("ok", "")

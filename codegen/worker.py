@@ -9,16 +9,34 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 import traceback
 
 READY_TIMEOUT_S = 120.0
 
 
+def reply_for(e: BaseException) -> dict:
+    """The reply for an exception that ended a request. A CUDA error is the kernel's (or the
+    device's) doing: a status. Anything else is a bug in gemmscape's worker code: it is reported
+    as one (``bug``: the traceback), and the orchestrator stops instead of storing a status."""
+    from codegen.cuda import CudaError
+    from codegen.engine import Failure
+
+    if isinstance(e, Failure):
+        return {"status": e.status, "evidence": e.evidence, "restart": e.restart}
+    trace = "".join(traceback.format_exception(e))[-4000:]
+    if isinstance(e, CudaError):
+        return {"status": "context_lost" if e.sticky else "runtime_error", "evidence": trace[-2000:], "restart": True}
+    return {"status": "worker_crash", "evidence": trace[-2000:], "bug": trace, "restart": True}
+
+
 def _serve(conn, ordinal: int) -> None:
-    """Worker process body."""
+    """Worker process body. Ctrl-C reaches the whole process group: the orchestrator decides,
+    so the worker ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        from codegen.engine import Engine, Failure
+        from codegen.engine import Engine
         from codegen.problem import Problem
 
         engine = Engine(ordinal)
@@ -40,16 +58,9 @@ def _serve(conn, ordinal: int) -> None:
             elif op == "evaluate":
                 reply = engine.evaluate(msg)
             else:
-                reply = {"status": "worker_crash", "evidence": f"unknown request {op!r}"}
-        except Failure as f:
-            reply = {"status": f.status, "evidence": f.evidence, "restart": f.restart}
+                raise ValueError(f"unknown request {op!r}")
         except Exception as e:
-            sticky = getattr(e, "sticky", False)
-            reply = {
-                "status": "context_lost" if sticky else "worker_crash",
-                "evidence": "".join(traceback.format_exception(e))[-2000:],
-                "restart": True,
-            }
+            reply = reply_for(e)
         conn.send(reply)
         if reply.get("restart"):
             os._exit(3)  # the context may be poisoned: never reuse it

@@ -13,13 +13,15 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections import deque
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.evaluate import Built, Evaluator, blank_result, build
+from codegen.evaluate import Built, Evaluator, InternalError, blank_result, build
 from codegen.problem import Problem
 from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
@@ -77,7 +79,7 @@ class GpuMeasurer:
         self.gpu_wait_seconds = 0.0
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=ignore_sigint)
 
     def baselines(self) -> dict:
         return self.evaluator.baselines(self.problem)
@@ -108,9 +110,11 @@ class GpuMeasurer:
                 del self.pending[ready]
                 try:
                     built = future.result()
-                except Exception as e:  # a pool process died
+                except BrokenProcessPool as e:  # a compiler process died (NVRTC crashed on a source)
                     self._restart_pool()
-                    built = Built(spec, failure=blank_result("compile_error", f"compiler process failed: {e!r}"))
+                    built = Built(spec, failure=blank_result("compile_error", f"compiler process died: {e!r}"))
+                except Exception as e:  # render, plan or compile driver code raised: ours, not the kernel's
+                    raise InternalError(f"building {spec.name} failed in gemmscape's own code: {e!r}") from e
                 continue
             tag, spec, _, submitted = self.pending[0]
             remaining = submitted + self.compile_timeout_s - time.monotonic()
@@ -141,8 +145,18 @@ class GpuMeasurer:
             self.pending.append((tag, spec, self.pool.submit(build, spec, self.problem, self.arch, self.limits), submitted))
 
     def close(self) -> None:
+        """Stop the compiler processes (a build in progress is abandoned) and the GPU worker."""
+        for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
+            if proc.is_alive():
+                proc.kill()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pending.clear()
         self.evaluator.close()
+
+
+def ignore_sigint() -> None:
+    """Compiler processes leave Ctrl-C to the orchestrator, which ends them (no tracebacks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ReplayMeasurer:

@@ -12,10 +12,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from codegen.problem import Problem as ProblemKey
-from store import queries
-from store.db import ReadOnlyError, default_url, is_sqlite, make_engine, sqlite_path
+from store import coord, queries
+from store.db import ReadOnlyError, default_url, is_sqlite, make_engine, setup_lock, sqlite_path
 from store.migrate import upgrade
-from store.models import Base, Device, Kernel, Problem, Run, Trial, utcnow
+from store.models import Base, Device, Kernel, Problem, Run, RunState, Trial
 from store.records import device_dict, kernel_dict, problem_dict, result_dict
 
 T = TypeVar("T")
@@ -38,8 +38,9 @@ class Store:
         self.engine: Engine = make_engine(self.url, read_only=read_only)
         self.upgraded: list[str] = []
         if not read_only:
-            Base.metadata.create_all(self.engine)
-            self.upgraded = upgrade(self.engine)
+            with self.setup_lock():  # processes starting together take turns at CREATE and upgrade
+                Base.metadata.create_all(self.engine)
+                self.upgraded = upgrade(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     # ---- plumbing ---------------------------------------------------------------------------
@@ -65,6 +66,10 @@ class Store:
     def ready(self) -> bool:
         """Whether the gemmscape tables exist (a read-only open of a foreign or empty file: False)."""
         return inspect(self.engine).has_table(Trial.__tablename__)
+
+    def setup_lock(self):
+        """A context manager held while tables or studies are created (see ``store.db.setup_lock``)."""
+        return setup_lock(self.engine)
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -169,11 +174,60 @@ class Store:
             )  # fmt: skip
             session.add(run)
             session.flush()
+            coord.register(session, run.id)  # this process runs it (host, pid, heartbeat)
             return run.id
 
-    def end_run(self, run_id: int) -> None:
+    def end_run(self, run_id: int, outcome: str = "finished", note: str = "") -> None:
+        """Mark a run ended (outcome finished, interrupted or failed, with a line saying why);
+        its claims that never got a trial are dropped so that other runs may take them."""
         with self._write() as session:
-            session.get_one(Run, run_id).ended = utcnow()
+            coord.finish(session, run_id, outcome, note)
+
+    def heartbeat(self, run_id: int) -> None:
+        """Say that the run's process is alive (see store.coord)."""
+        with self._write() as session:
+            coord.heartbeat(session, run_id)
+
+    def reap_dead_runs(self) -> list[int]:
+        """Mark runs whose process died (killed, machine lost) ended, outcome "died"; their ids."""
+        with self._write() as session:
+            return coord.reap(session)
+
+    def run_state(self, run_id: int) -> dict[str, Any] | None:
+        """Who ran a run and how it ended: host, pid, heartbeat, outcome, note (None: not recorded)."""
+        if not inspect(self.engine).has_table(RunState.__tablename__):
+            return None
+        with self._read() as session:
+            state = session.get(RunState, run_id)
+            if state is None:
+                return None
+            return {"run_id": run_id, "host": state.host, "pid": state.pid, "heartbeat": state.heartbeat,
+                    "outcome": state.outcome, "note": state.note}
+
+    def claim(self, run_id: int, problem: ProblemKey, device_id: int, kernel_name: str, arch: str, source_hash: str,
+              *, study: str | None = None, budget: int | None = None) -> str:
+        """Claim the measurement of a kernel (name, arch, source) on a problem and device for a run:
+        ``"claimed"`` (measure it), ``"taken"`` (another run holds it or measured it) or
+        ``"budget"`` (the study's budget is spent, counted across processes)."""
+        problem_id = self.problem(problem)
+        try:
+            with self._write() as session:
+                return coord.take(session, run_id, study, budget, problem_id, device_id, kernel_name, arch,
+                                  source_hash)
+        except IntegrityError:
+            return coord.TAKEN
+
+    def open_runs(self, study: str) -> set[int]:
+        """Ids of the study's runs not ended (running, or dead and not yet reaped)."""
+        if not self.ready:
+            return set()
+        with self._read() as session:
+            return set(session.scalars(select(Run.id).where(Run.study_name == study, Run.ended.is_(None))))
+
+    def used_budget(self, study: str) -> int:
+        """What a study has spent, across processes: evaluated trials plus measurements in flight."""
+        with self._read() as session:
+            return coord.used_budget(session, study)
 
     def add_trial(
         self,
@@ -207,6 +261,7 @@ class Store:
             )  # fmt: skip
             session.add(trial)
             session.flush()
+            coord.settle(session, trial, kernel_name, arch, source_hash)
             return trial.id
 
     # ---- reads ------------------------------------------------------------------------------
@@ -383,6 +438,13 @@ class Store:
         if path is not None:
             return f"sqlite:///{path.resolve()}"
         return self.engine.url.render_as_string(hide_password=False)
+
+    def optuna_storage(self):
+        """Optuna's RDBStorage on this database, its tables created under the setup lock."""
+        import optuna
+
+        with self.setup_lock():
+            return optuna.storages.RDBStorage(self.optuna_url(), engine_kwargs=self.optuna_engine_kwargs())
 
     def optuna_engine_kwargs(self) -> dict[str, Any]:
         """``engine_kwargs`` for ``optuna.storages.RDBStorage`` (a busy timeout on SQLite)."""

@@ -8,14 +8,19 @@ mode with a busy timeout, so a dashboard can read while a search writes. Any oth
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from sqlalchemy import URL, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Engine, create_engine, event, make_url, text
 
 ENV_VAR = "GEMMSCAPE_DB"
 BUSY_TIMEOUT_S = 30
+#: PostgreSQL advisory-lock key under which gemmscape creates and upgrades tables and studies.
+SETUP_LOCK_KEY = 0x67656D6D  # "gemm"
 
 
 class StoreError(RuntimeError):
@@ -93,3 +98,35 @@ def make_engine(url: str, read_only: bool = False) -> Engine:
         engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
     _sqlite_pragmas(engine, read_only)
     return engine
+
+
+@contextmanager
+def setup_lock(engine: Engine) -> Iterator[None]:
+    """Held while tables, schema upgrades and Optuna studies are created, so that processes
+    starting together on one database take turns instead of failing on each other's CREATE.
+
+    PostgreSQL: a session advisory lock on its own connection. A SQLite file: an exclusive
+    ``flock`` on the file itself (SQLite's own locks are POSIX locks, which flock does not touch).
+    In-memory SQLite: nothing to share, no lock.
+    """
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": SETUP_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": SETUP_LOCK_KEY})
+                conn.commit()
+        return
+    path = sqlite_path(engine.url) if engine.dialect.name == "sqlite" else None
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -128,3 +128,47 @@ class Trial(Base):
     kernel: Mapped[Kernel] = relationship()
     problem: Mapped[Problem] = relationship()
     device: Mapped[Device] = relationship()
+
+
+class RunState(Base):
+    """Who runs a search and whether it is alive: the process (host, pid) and its last heartbeat.
+
+    A run whose process is gone (same host, pid not alive) or whose heartbeat is stale is dead:
+    the next run marks it ended (``outcome`` "died") and frees its claims. Kept apart from
+    ``gs_runs`` so that stores written before it read as they did.
+    """
+
+    __tablename__ = "gs_run_states"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("gs_runs.id"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: None while running; then finished, interrupted, failed or died.
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+class Claim(Base):
+    """A run's claim to measure one kernel (name, arch, source hash) on one problem and device.
+
+    Taken atomically before the kernel is measured (the unique constraint refuses a second
+    claimer), filled in with the trial once stored; a claim without a trial is a measurement in
+    flight, and counts against its study's budget. Claims of a run that ended without storing
+    their trial are dropped, so another run may take them.
+    """
+
+    __tablename__ = "gs_claims"
+    __table_args__ = (
+        UniqueConstraint("problem_id", "device_id", "name", "arch", "source_hash", name="uq_claim_identity"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("gs_problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("gs_devices.id"))
+    name: Mapped[str] = mapped_column(String(400))
+    arch: Mapped[str] = mapped_column(String(32))
+    source_hash: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("gs_runs.id"), nullable=True, index=True)
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("gs_trials.id"), nullable=True)
+    claimed: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
