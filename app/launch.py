@@ -7,8 +7,10 @@ variable the store itself reads, so the app needs no argument parsing of its own
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from store import ENV_VAR
@@ -33,9 +35,38 @@ def environment(db_url: str | None) -> dict[str, str]:
     return env
 
 
-def run(db_url: str | None, port: int) -> int:
-    """Serve the dashboard until interrupted; returns streamlit's exit code."""
+#: Seconds the server gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 10.0
+
+
+def run(db_url: str | None, port: int, cmd: list[str] | None = None) -> int:
+    """Serve the dashboard until it exits or this process gets SIGTERM or SIGINT (Ctrl-C): then
+    the server is stopped (SIGTERM, SIGKILL after STOP_GRACE_S) before returning, so no server
+    outlives ``codegen app``. Returns the server's exit code, or 128 + the signal's number."""
+    proc = subprocess.Popen(cmd or command(port), env=environment(db_url))
+    got: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        got.append(signum)
+        if proc.poll() is None:
+            proc.terminate()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return subprocess.call(command(port), env=environment(db_url))
-    except KeyboardInterrupt:
-        return 130
+        deadline = None
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if got:
+                    deadline = deadline or time.monotonic() + STOP_GRACE_S
+                    if time.monotonic() > deadline:
+                        proc.kill()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return 128 + got[0] if got else code
