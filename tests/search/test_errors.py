@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import os
 import pickle
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -213,3 +214,17 @@ def test_the_evaluator_raises_when_the_worker_reports_a_bug() -> None:
         ev.run(built, problem)
     ev.worker = _Worker({"status": "timeout", "evidence": "no answer"})
     assert ev.run(built, problem)["status"] == "timeout"
+
+
+def test_a_running_search_beats_its_heartbeat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from store import coord
+
+    monkeypatch.setattr(coord, "HEARTBEAT_S", 0.05)
+    beats = []
+    store, go = search(Scripted(lambda n, spec: time.sleep(0.02)), tmp_path, budget=15)
+    real = store.heartbeat
+    monkeypatch.setattr(store, "heartbeat", lambda run_id: (beats.append(run_id), real(run_id)))
+    summary = go()
+    assert len(beats) >= 3 and set(beats) == {summary.run_id}
+    state = store.run_state(summary.run_id)
+    assert state["outcome"] == "finished" and state["pid"] == os.getpid()
