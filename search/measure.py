@@ -61,12 +61,12 @@ class GpuMeasurer:
 
     def __init__(self, problem: Problem, arch: str | None = None, timeout_s: float = 30.0,
                  compile_timeout_s: float = 300.0, timing: dict | None = None, baseline: bool = True,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None, ordinal: int = 0) -> None:
         reason = why_no_gpu()
         if reason:
             raise NoGpu(reason)
         self.problem = problem
-        self.evaluator = Evaluator(arch=arch, timeout_s=timeout_s, baseline=baseline,
+        self.evaluator = Evaluator(arch=arch, timeout_s=timeout_s, baseline=baseline, ordinal=ordinal,
                                    **({"timing": timing} if timing else {}))
         self.device = self.evaluator.device()
         self.arch = self.evaluator.target_arch

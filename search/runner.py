@@ -132,7 +132,8 @@ class _Search:
                  seeds: list[dict] | None, command: str, versions: dict) -> None:
         self.started = time.monotonic()
         self.problem, self.space, self.measurer, self.store = problem, space, measurer, store
-        self.budget, self.lookahead, self.max_idle, self.poll_s = budget, lookahead, max_idle, poll_s
+        self.budget, self.max_idle, self.poll_s = budget, max_idle, poll_s
+        self.lookahead = max(lookahead, getattr(measurer, "lookahead", 0) or 0)  # several GPUs want more
         self.max_same_failures = max_same_failures
         self.sampler = sampler
         self.name = study_name(problem, space_name, sampler, seed, measurer.device.get("name", "?"))
