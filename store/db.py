@@ -106,7 +106,8 @@ def setup_lock(engine: Engine) -> Iterator[None]:
     starting together on one database take turns instead of failing on each other's CREATE.
 
     PostgreSQL: a session advisory lock on its own connection. A SQLite file: an exclusive
-    ``flock`` on the file itself (SQLite's own locks are POSIX locks, which flock does not touch).
+    ``flock`` on ``<file>.lock`` beside it (never on the database file itself: closing another
+    descriptor of that file would drop the POSIX locks SQLite holds on it in this process).
     In-memory SQLite: nothing to share, no lock.
     """
     if engine.dialect.name == "postgresql":
@@ -124,7 +125,7 @@ def setup_lock(engine: Engine) -> Iterator[None]:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as handle:
+    with open(path.with_name(path.name + ".lock"), "ab") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
