@@ -43,16 +43,19 @@ def run(db_url: str | None, port: int, cmd: list[str] | None = None) -> int:
     """Serve the dashboard until it exits or this process gets SIGTERM or SIGINT (Ctrl-C): then
     the server is stopped (SIGTERM, SIGKILL after STOP_GRACE_S) before returning, so no server
     outlives ``codegen app``. Returns the server's exit code, or 128 + the signal's number."""
-    proc = subprocess.Popen(cmd or command(port), env=environment(db_url))
     got: list[int] = []
+    proc: subprocess.Popen | None = None
 
     def on_signal(signum, _frame) -> None:
         got.append(signum)
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.terminate()
 
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}  # before the server starts
     try:
+        proc = subprocess.Popen(cmd or command(port), env=environment(db_url))
+        if got:  # a signal came while it was starting
+            proc.terminate()
         deadline = None
         while True:
             try:
@@ -66,7 +69,7 @@ def run(db_url: str | None, port: int, cmd: list[str] | None = None) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
     return 128 + got[0] if got else code

@@ -35,7 +35,9 @@ def start(db: str, budget: int, delay: float = 0.05, *extra: str) -> subprocess.
 def wait_for_trials(db: str, n: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the search ended early (exit {proc.returncode}):\n{out}\n{err[-4000:]}")
         try:
             with Store(db) as s:
                 if len([r for r in s.trials() if r["status"] != "invalid"]) >= n:
