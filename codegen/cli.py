@@ -148,9 +148,9 @@ def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
     p.add_argument("--timeout", type=positive_float, default=timeout, help="seconds before a kernel counts as hung")
 
 
-def add_family_arg(p: argparse.ArgumentParser, what: str) -> None:
+def add_family_arg(p: argparse.ArgumentParser, what: str, default: str = DEFAULT_FAMILY) -> None:
     p.add_argument("--family", choices=families.names(), default=None,
-                   help=f"kernel family {what} (default {DEFAULT_FAMILY})")
+                   help=f"kernel family {what} (default {default})")
 
 
 def family_of_args(args: argparse.Namespace) -> str:
@@ -687,7 +687,7 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     add_problem_args(p)
     add_family_arg(p, "whose restricted space is swept")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
-                   help="the recording to write (a new file; default: none, required)")
+                   help="the recording to write (a new file)")
     add_gpu_args(p, timeout=30.0)
     p.set_defaults(func=cmd_sweep)
 
@@ -695,12 +695,12 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     add_problem_args(p, required=False)
     p.add_argument("--best", action="store_true", help="the fastest stored kernel for the problem")
     p.add_argument("--kernel", metavar="NAME", help="a kernel by name (default: none; give it or --best)")
-    add_family_arg(p, "to export (with --best: the fastest of that family)")
+    add_family_arg(p, "to export (with --best: the fastest of that family)", default="any family")
     p.add_argument("--device", metavar="NAME|ID",
                    help="the device whose measurement counts, by id or name as `codegen results` shows "
                         "(default: the fastest over all devices)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="folder to write into (created if missing; default: none, required)")
+                   help="folder to write into (created if missing)")
     add_db_arg(p)
     p.set_defaults(func=cmd_export)
 
