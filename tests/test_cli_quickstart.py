@@ -72,6 +72,13 @@ def test_live_measurements_of_the_same_gpu_never_mix_with_the_recording(replayed
         assert {b["device"] for b in best} == {RECORDED_NAME, "NVIDIA H200"}  # one best per device, never merged
 
 
+def test_replay_with_no_store_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{tmp_path / 'none' / 'g.db'}")
+    code, out, err = run(["search", *BIG, "--replay", str(RECORDING), "--budget", "3", "--quiet", "--no-store"], capsys)
+    assert code == 0 and "nothing stored (--no-store)" in err and "3 of 3 trials evaluated" in out
+    assert not (tmp_path / "none").exists()
+
+
 def test_results_show_the_replayed_best(replayed, capsys, monkeypatch):
     url, _, _, _ = replayed
     monkeypatch.setenv("GEMMSCAPE_DB", url)
