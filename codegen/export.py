@@ -119,7 +119,7 @@ def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, ar
     texts = export_files(spec, problem, None, target, measured)
     rendered = json.loads(texts[1])["source_hash"]
     if measured is not None and rendered != record.get("source_hash") and unmeasured_render:
-        cu, _ = export_files(spec, problem, None, target, None)
+        cu = texts[0]
         doc = manifest(spec, problem, target, None, source_hash=rendered, rerendered=True)
         doc["measured_other_source"] = measured | {
             "source_hash": record.get("source_hash"),
