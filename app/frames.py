@@ -9,7 +9,7 @@ import pandas as pd
 SPEC_PREFIX = "spec."
 TRIAL_COLUMNS = [
     "id", "problem", "status", "tflops", "median_ms", "gbps", "ratio_cublas", "rel_error", "p20_ms", "p80_ms",
-    "kernel", "device", "family", "run_id", "number", "evidence", "created",
+    "kernel", "device", "recorded", "family", "run_id", "number", "evidence", "created",
 ]  # fmt: skip
 
 

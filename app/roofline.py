@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from codegen.problem import Problem
+from store.records import measured_on
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ CEILINGS: dict[str, DeviceCeilings] = {
 
 
 def ceilings_for(device_name: str) -> DeviceCeilings | None:
-    return CEILINGS.get(device_name.strip().lower())
+    """The ceilings of the GPU a device name stands for (a recorded device's: its GPU's)."""
+    return CEILINGS.get(measured_on(device_name).strip().lower())
 
 
 def place(row: dict) -> dict[str, object]:

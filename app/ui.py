@@ -19,6 +19,10 @@ GUIDANCE = """\
 """
 
 
+RECORDED_NOTE = ("**Recorded results.** These devices hold trials replayed from a recording "
+                 "(`codegen search --replay`), not live measurements of this run: ")
+
+
 @st.cache_resource(show_spinner=False)
 def _open(url: str) -> Store:
     return Store(url, read_only=True)
@@ -39,6 +43,9 @@ def open_store() -> Store:
         st.markdown(GUIDANCE)
         st.stop()
     st.sidebar.caption(f"Database (read-only): `{store.location}`")
+    recorded = [d["name"] for d in store.devices() if d.get("recorded")]
+    if recorded:
+        st.sidebar.warning(RECORDED_NOTE + " ".join(f"`{name}`" for name in recorded))
     if not ready:
         st.info("The database exists but holds no trials.")
         st.markdown(GUIDANCE)

@@ -2,13 +2,21 @@
 
 ``--family NAME`` picks a kernel family (default simt); the variant options are that family's own,
 built from its spec's fields (``codegen bench --family NAME --help`` lists them).
+
+Exit codes: 0 done; 1 it ran and the answer is a failure (a kernel failed, nothing was found, an
+export could not be made); 2 a usage error: the command line, or a file, database or setting it
+names, cannot be used; nothing was written. A user mistake is reported in one line on stderr;
+``--debug`` shows the traceback instead, and a bug in gemmscape always does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
 from dataclasses import MISSING
 from pathlib import Path
 
@@ -17,26 +25,132 @@ from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 
 DEFAULT_FAMILY = "simt"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class UsageError(ValueError):
+    """The command line, or a file, database or setting it names, cannot be used (exit 2)."""
+
+
+class Failure(Exception):
+    """The command ran and its answer is a failure or nothing found (exit 1)."""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("gemmscape")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+# ---- argument types: a bad value is a one-line usage error at parse time --------------------------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {value}")
+    return value
+
+
+def arch_name(text: str) -> str:
+    if not re.fullmatch(r"sm_\d+a?", text):
+        raise argparse.ArgumentTypeError(f"an arch looks like sm_90 or sm_80, got {text!r}")
+    return text
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is not a database URL gemmscape can take (None: it looks like one)."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if "://" not in url:
+        path = Path(url).expanduser()
+        return (f"{url!r} is a path, not a database URL; for a SQLite file write "
+                f"sqlite:///{path.resolve() if not path.is_absolute() else path}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return f"{url!r} is not a database URL (e.g. sqlite:////abs/path/gemmscape.db or postgresql+psycopg://...)"
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        return f"{url!r}: gemmscape stores in SQLite or PostgreSQL, not {parsed.get_backend_name()}"
+    return None
+
+
+def database_url(text: str) -> str:
+    reason = url_problem(text)
+    if reason:
+        raise argparse.ArgumentTypeError(reason)
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: what is wrong and where help is."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help: from the help text where it says it, else the value."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and action.nargs != 0 and "default" not in text
+                and action.default not in (None, argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
 
 
 def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--m", type=int, required=required, help="batch (rows of X and Y)")
-    p.add_argument("--n", type=int, required=required, help="out features (rows of W)")
-    p.add_argument("--k", type=int, required=required, help="in features")
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32")
+    none = "" if required else " (default: none; give all of --m, --n, --k or none)"
+    p.add_argument("--m", type=positive_int, required=required, help="batch (rows of X and Y)" + none)
+    p.add_argument("--n", type=positive_int, required=required, help="out features (rows of W)" + none)
+    p.add_argument("--k", type=positive_int, required=required, help="in features" + none)
+    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
     p.add_argument("--bias", action="store_true", help="add b[N]")
+
+
+DB_HELP = "store URL, sqlite:///PATH or postgresql+psycopg://... (default: $GEMMSCAPE_DB, else " \
+          "sqlite:///~/.local/share/gemmscape/gemmscape.db)"
+
+
+def add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=database_url, metavar="URL", help=DB_HELP)
 
 
 def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
     """Where results go and how kernels are built and run, for the commands that measure."""
-    p.add_argument("--db", help="store URL (default: $GEMMSCAPE_DB, else a SQLite file)")
-    p.add_argument("--arch", help="target, e.g. sm_90 (default: the visible GPU's)")
-    p.add_argument("--timeout", type=float, default=timeout, help="seconds before a kernel counts as hung")
+    add_db_arg(p)
+    p.add_argument("--arch", type=arch_name, help="target, e.g. sm_90 (default: $GEMMSCAPE_ARCH, else the visible GPU's)")
+    p.add_argument("--timeout", type=positive_float, default=timeout, help="seconds before a kernel counts as hung")
 
 
-def add_family_arg(p: argparse.ArgumentParser, what: str) -> None:
+def add_family_arg(p: argparse.ArgumentParser, what: str, default: str = DEFAULT_FAMILY) -> None:
     p.add_argument("--family", choices=families.names(), default=None,
-                   help=f"kernel family {what} (default {DEFAULT_FAMILY})")
+                   help=f"kernel family {what} (default {default})")
 
 
 def family_of_args(args: argparse.Namespace) -> str:
@@ -47,7 +161,8 @@ def add_spec_args(p: argparse.ArgumentParser, family: str) -> None:
     """``--kernel`` and one option per variant field of ``family``'s spec (type from the field's
     default, choices from its metadata)."""
     g = p.add_argument_group(f"kernel variant ({family} family; unset options take the defaults shown)")
-    g.add_argument("--kernel", metavar="NAME", help="a kernel name, e.g. from `codegen results`")
+    g.add_argument("--kernel", metavar="NAME", help="a kernel name, e.g. from `codegen results` "
+                   "(default: the variant the options below give)")
     for f in families.variant_fields(family):
         default = f.default if f.default is not MISSING else None
         flag = f"--{f.name.replace('_', '-')}"
@@ -65,16 +180,24 @@ def check_family(spec: KernelSpec, args: argparse.Namespace) -> KernelSpec:
     """A kernel named on the command line must be of the family asked for, when one is."""
     asked = getattr(args, "family", None)
     if asked and spec.family != asked:
-        raise ValueError(f"kernel {spec.name} is of the {spec.family} family, not {asked}; "
+        raise UsageError(f"kernel {spec.name} is of the {spec.family} family, not {asked}; "
                          f"drop --family or name a {asked} kernel")
     return spec
 
 
+def spec_from_name(name: str, args: argparse.Namespace) -> KernelSpec:
+    try:
+        spec = families.spec_from_name(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return check_family(spec, args)
+
+
 def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> KernelSpec:
     if args.kernel:
-        spec = check_family(families.spec_from_name(args.kernel), args)
+        spec = spec_from_name(args.kernel, args)
         if problem is not None and (spec.dtype, spec.bias) != (problem.dtype, problem.bias):
-            raise SystemExit(f"codegen: kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}; "
+            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}; "
                              f"the problem is {problem.dtype.value}, bias={problem.bias}")
         return spec
     family = family_of_args(args)
@@ -84,14 +207,152 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
         values.update(dtype=problem.dtype, bias=problem.bias)
     else:
         values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
-    return families.get(family).Spec(**values)
+    try:
+        return families.get(family).Spec(**values)
+    except ValueError as e:
+        raise UsageError(f"not a {family} variant: {e}") from None
+
+
+def problem_given(args: argparse.Namespace) -> bool:
+    """Whether --m, --n, --k were given (all of them; some but not all is a usage error)."""
+    given = [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None]
+    if given and len(given) < 3:
+        missing = [f"--{d}" for d in ("m", "n", "k") if f"--{d}" not in given]
+        raise UsageError(f"a problem needs all of --m, --n, --k: {', '.join(given)} given, "
+                         f"{', '.join(missing)} missing")
+    return bool(given)
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
     try:
         return Problem(args.m, args.n, args.k, DType(args.dtype), bias=args.bias)
     except ValueError as e:
-        raise SystemExit(f"codegen: {e}") from None
+        raise UsageError(str(e)) from None
+
+
+# ---- places on disk and the store: checked before anything is written ------------------------------
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _can_create_in(folder: Path) -> str | None:
+    """None when a file can be created in ``folder`` (tried with a temporary file, then removed)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def check_writable(path: Path, what: str, folder: bool) -> None:
+    """``path`` (a folder when ``folder``, else a file) can be created or written; UsageError why not."""
+    path = path.expanduser()
+    if path.exists():
+        if folder and not path.is_dir():
+            raise UsageError(f"{what} {path} is a file, not a folder")
+        if not folder and path.is_dir():
+            raise UsageError(f"{what} {path} is a folder, not a file")
+        where = path if folder else path.parent
+    else:
+        where = _nearest_existing(path.parent)
+        if not where.is_dir():
+            raise UsageError(f"{what} {path} is under {where}, which is a file, not a folder")
+    reason = _can_create_in(where)
+    if reason:
+        raise UsageError(f"{what} {path} cannot be written: {where} is not writable ({reason})")
+    if path.exists() and not folder and not os.access(path, os.W_OK):
+        raise UsageError(f"{what} {path} is read-only")
+
+
+def check_cache() -> None:
+    """``$GEMMSCAPE_CACHE``, when set, must name a folder that can be written."""
+    value = os.environ.get("GEMMSCAPE_CACHE")
+    if value is None:
+        return
+    if not value.strip():
+        raise UsageError("GEMMSCAPE_CACHE is set but empty: unset it (the cache is then ~/.cache/gemmscape) "
+                         "or name a folder")
+    check_writable(Path(value), "GEMMSCAPE_CACHE", folder=True)
+
+
+def store_url(url: str | None) -> str:
+    """The URL the store opens: ``--db``, else ``$GEMMSCAPE_DB``, else the default file (checked)."""
+    from store.db import ENV_VAR, default_url
+
+    if url:
+        return url
+    chosen = default_url()
+    reason = url_problem(chosen)
+    if reason:
+        raise UsageError(f"{ENV_VAR}: {reason}")
+    return chosen
+
+
+def check_store(url: str | None, read_only: bool = False) -> str:
+    """Check what ``url`` names before anything opens it: a SQLite file must be a SQLite database
+    and, to write, writable (or creatable). Returns the URL to open."""
+    from store.db import sqlite_path
+
+    url = store_url(url)
+    path = sqlite_path(url)
+    if path is None:
+        return url
+    if path.is_dir():
+        raise UsageError(f"the store {path} is a folder, not a database file")
+    if path.exists():
+        try:
+            with path.open("rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+        except OSError as e:
+            raise UsageError(f"cannot read the store {path}: {e.strerror or e}") from None
+        if head and head != SQLITE_HEADER:
+            raise UsageError(f"{path} is not a SQLite database, so not a gemmscape store")
+    elif read_only:
+        raise Failure(f"no gemmscape database at {path}: run a search first (`codegen search ...`), or name one "
+                      f"with --db URL or the GEMMSCAPE_DB environment variable")
+    if not read_only:
+        check_writable(path, "the store", folder=False)
+    return url
+
+
+def open_store(url: str | None, read_only: bool = False):
+    """The store, opened after ``check_store``; a database that cannot be opened is a UsageError."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import Store, StoreError
+
+    url = check_store(url, read_only)
+    try:
+        store = Store(url, read_only=read_only)
+        _ = store.ready  # connect now: an unreachable server is found here
+    except ModuleNotFoundError as e:
+        raise UsageError(f"no database driver for {_safe(url)} ({e.name} is not installed; for PostgreSQL: "
+                         f"pip install 'gemmscape[postgres]')") from None
+    except (StoreError, SQLAlchemyError, OSError) as e:
+        raise UsageError(f"cannot open the store {_safe(url)}: {one_line(e)}") from None
+    return store
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: a database error's own message, without SQLAlchemy's trailer."""
+    orig = getattr(e, "orig", None)
+    text = str(orig if orig is not None else e).strip() or type(e).__name__
+    return " ".join(line.strip() for line in text.splitlines()
+                    if line.strip() and not line.strip().startswith("(Background on this error"))
+
+
+def printer(to_stderr: bool):
+    """``print`` for human lines: to stderr when stdout carries JSON."""
+    return (lambda *a, **kw: print(*a, **kw, file=sys.stderr)) if to_stderr else print
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -99,31 +360,34 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from codegen.compile import CompileError, compile_source, default_arch
     from codegen.render import render
 
-    spec = check_family(families.spec_from_name(args.name), args) if args.name else spec_from_args(args)
-    problem = problem_from_args(args) if args.m else None
+    problem = problem_from_args(args) if problem_given(args) else None
+    spec = spec_from_name(args.name, args) if args.name else spec_from_args(args)
+    check_cache()
     arch = args.arch or default_arch()
     reasons = spec.check(problem)
     if reasons:
-        print(f"invalid: {spec.name}", *(f"  - {r}" for r in reasons), sep="\n", file=sys.stderr)
-        return 2
+        raise UsageError(f"invalid variant {spec.name}: " + "; ".join(reasons))
     source = render(spec)
-    if args.source:
+    if args.source and not args.json:
         print(source)
     try:
         result = compile_source(source, spec.name, arch)
-    except CompileError as e:
+    except CompileError as e:  # the variant's own compile log: the answer, not a usage error
         print(e, file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
+    except (RuntimeError, ImportError) as e:  # NVRTC or the CUDA headers cannot be used here
+        raise UsageError(f"the compiler cannot run here: {one_line(e)}") from None
     if args.json:
-        print(json.dumps({"name": spec.name, **result.meta()}, indent=2))
-        return 0
+        print(json.dumps({"name": spec.name, **result.meta(), **({"source": source} if args.source else {})},
+                         indent=2))
+        return EXIT_OK
     print(f"{spec.name}  {arch}  NVRTC {result.nvrtc_version}  {len(result.cubin)} B cubin"
           f"{'  (cached)' if result.cached else f'  {result.seconds:.2f} s'}")
     print(f"  threads {spec.threads}, dynamic shared memory {spec.smem_bytes} B")
     for fn, r in result.report.items():
         print(f"  {fn}: {r.get('registers')} registers, {r.get('stack', 0)} B stack, "
               f"spills {r.get('spill_stores', 0)}/{r.get('spill_loads', 0)} B (st/ld), {r.get('barriers', 0)} barriers")
-    return 0
+    return EXIT_OK
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -132,15 +396,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     problem = problem_from_args(args)
     spec = spec_from_args(args, problem)
+    check_cache()
+    if not args.no_store:
+        check_store(args.db)  # before the GPU runs: a store that cannot take the trial is found now
     try:
         with Evaluator(arch=args.arch, baseline=not args.no_baseline, timeout_s=args.timeout) as ev:
             result, built = ev.evaluate(spec, problem)
             device, arch = ev.device(), ev.target_arch
     except WorkerUnavailable as e:
-        print(f"codegen bench: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     if not args.no_store:  # nothing measured is lost: the trial goes to the store (no search run)
-        store = _store(args.db)
+        store = open_store(args.db)
         record = built.kernel_record()
         record.setdefault("arch", arch)
         store.kernel(record)
@@ -154,47 +420,60 @@ def cmd_bench(args: argparse.Namespace) -> int:
             line += f"  | {name} {base['median_ms'] * 1e3:.1f} us, ratio {result['ratio'][name]:.2f}"
     else:
         line += f"  {result['evidence'].strip().splitlines()[-1] if result['evidence'].strip() else ''}"
-    print(line)
+    printer(args.json)(line)
     if args.json:
         print(json.dumps({"device": device, "problem": problem.to_dict(), "kernel": spec.name, "result": result}))
-    return 0 if result["status"] == "ok" else 1
-
-
-def _store(url: str | None, read_only: bool = False):
-    from store import Store
-
-    return Store(url, read_only=read_only)
+    return EXIT_OK if result["status"] == "ok" else EXIT_FAILURE
 
 
 def cmd_search(args: argparse.Namespace) -> int:
     from codegen.versions import versions
-    from search.measure import GpuMeasurer, NoGpu, ReplayMeasurer
+    from search.measure import GpuMeasurer, NoGpu, ReplayError, ReplayMeasurer
     from search.runner import run_search
     from search.space import seeds, space_for
 
+    say = printer(args.json)
     problem = problem_from_args(args)
     command = "codegen " + " ".join(sys.argv[1:])
-    store = None
+    if args.sampler == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"the gp sampler needs torch and scipy ({e.name} is missing): "
+                             f"pip install 'gemmscape[gp]', or pick another --sampler") from None
     if args.replay:
-        measurer = ReplayMeasurer(args.replay, problem)
+        try:
+            measurer = ReplayMeasurer(args.replay, problem)
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
         space, space_name = measurer.space, "replay"
         if args.family and args.family != space.family:
-            raise ValueError(f"{args.replay} records the {space.family} family, not {args.family}")
+            raise UsageError(f"{args.replay} records the {space.family} family, not {args.family}")
+        store = None if args.no_store else open_store(args.db)
+        where = (f"trials stored in {store.location} under the device \"{measurer.device['name']}\""
+                 if store is not None else "nothing stored (--no-store)")
         print(f"replaying {args.replay}: recorded on {measurer.recorded['where']} at {measurer.recorded['when']}; "
-              f"no GPU is used and nothing is stored", file=sys.stderr)
+              f"no GPU is used; {where}", file=sys.stderr)
         if not measurer.hashes_known:
             print("note: this recording does not say which source each result measured (no source hashes); "
                   "its results are not tied to today's templates", file=sys.stderr)
     else:
         space_name = "restricted" if args.restricted else "full"
         space = space_for(family_of_args(args), problem.dtype, args.restricted)
+        check_cache()
+        if not args.no_store:
+            check_store(args.db)
         try:
             measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
         except NoGpu as e:
-            print(f"codegen search: {e}; to search recorded H200 measurements without a GPU use --replay FILE "
-                  f"(see README)", file=sys.stderr)
-            return 2
-        store = _store(args.db)
+            raise UsageError(f"{e}; to search recorded H200 measurements without a GPU use --replay FILE "
+                             f"(see README)") from None
+        try:
+            store = None if args.no_store else open_store(args.db)
+        except BaseException:
+            measurer.close()
+            raise
     try:
         summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
@@ -202,170 +481,240 @@ def cmd_search(args: argparse.Namespace) -> int:
                              seeds=None if args.no_seeds else seeds(space.family))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
         print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         measurer.close()
     best = summary.best
-    print(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
-          f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
+    say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
+        f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
     if summary.failures:
-        print("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
+        say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
     if best:
         ratio = best.get("ratio", {}).get("cublas")
-        print(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else ""))
+        say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else ""))
     if args.replay and measurer.best:
-        print(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
+        say(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
+    if args.replay and store is not None:
+        say(f"  stored under \"{measurer.device['name']}\": `codegen results`, `codegen export --best ...` and "
+            f"`codegen app` show them, marked as a recording")
     if args.json:
-        print(json.dumps({"study": summary.study, "evaluated": summary.evaluated, "wall_s": summary.wall_s,
+        print(json.dumps({"study": summary.study, "device": measurer.device, "recorded": bool(args.replay),
+                          "store": store.location if store is not None else None,
+                          "evaluated": summary.evaluated, "wall_s": summary.wall_s,
                           "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
                           "history": summary.history, "stopped": summary.stopped}))
-    return 0 if best else 1
+    return EXIT_OK if best else EXIT_FAILURE
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from search.measure import GpuMeasurer, NoGpu
     from search.space import space_for
-    from search.sweep import sweep
 
     problem = problem_from_args(args)
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} already exists; a sweep does not overwrite a recording: remove it or "
+                         f"choose another name")
+    check_writable(args.out, "--out", folder=False)
+    check_cache()
+    check_store(args.db)
     try:
         measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
     except NoGpu as e:
-        print(f"codegen sweep: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
+    from search.sweep import sweep
+
     try:
         doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=True), measurer,
-                    store=_store(args.db),
-                    command="codegen " + " ".join(sys.argv[1:]))
+                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]))
     finally:
         measurer.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=0) + "\n")
     ok = [r for r in doc["results"].values() if r["status"] == "ok"]
     print(f"{len(doc['results'])} kernels measured, {len(ok)} ok; wrote {args.out}")
-    return 0
+    return EXIT_OK
+
+
+def _device_list(store) -> str:
+    return "; ".join(f"{d['id']} {d['name']}" for d in store.devices()) or "none"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from codegen.export import export_kernel, write_export
+    from codegen.export import ExportError, export_kernel, write_export
+    from store.records import is_recorded
 
-    store = _store(args.db, read_only=True)
-    problem = problem_from_args(args) if args.m else None
+    if args.best and args.kernel:
+        raise UsageError("give --best (the fastest kernel for a problem) or --kernel NAME, not both")
+    if not args.best and not args.kernel:
+        raise UsageError("give --best with a problem (--m, --n, --k), or --kernel NAME")
+    problem = problem_from_args(args) if problem_given(args) else None
+    if args.best and problem is None:
+        raise UsageError("--best needs the problem: --m, --n, --k (and --dtype, --bias)")
+    check_writable(args.out, "--out", folder=True)
+    store = open_store(args.db, read_only=True)
+    device = None
+    if args.device:
+        device = store.find_device(args.device)
+        if device is None:
+            raise UsageError(f"no single device {args.device!r} in {store.location} (id or name; there: "
+                             f"{_device_list(store)})")
+    device_id = device["id"] if device else None
+    arch = source = None
     name = args.kernel
     if args.best:
-        if problem is None:
-            raise SystemExit("codegen export: --best needs --m, --n, --k (and --dtype, --bias)")
-        rows = store.best(problem, family=args.family)
-        if not rows:
-            print(f"codegen export: no ok kernel stored for {problem.key} in {store.url}", file=sys.stderr)
-            return 1
-        name = rows[0]["kernel"]
-    if not name:
-        raise SystemExit("codegen export: give --best with a problem, or --kernel NAME")
+        row = store.best_for(problem, device_id=device_id, family=args.family)
+        if row is None:
+            on = f" on {device['name']}" if device else ""
+            of = f" of the {args.family} family" if args.family else ""
+            raise Failure(f"no ok kernel{of} stored for {problem.key}{on} in {store.location}")
+        name, arch, source, device_id = row["kernel"], row["arch"], row["source_hash"], row["device_id"]
+        others = {r["device"] for r in store.best(problem, family=args.family)} - {row["device"]}
+        print(f"fastest for {problem.key}: {name}, {row['median_ms'] * 1e3:.1f} us, {row['tflops']:.2f} TFLOP/s "
+              f"on {row['device']}" + (" (a recording, replayed; not measured live)" if is_recorded(row["device"]) else "")
+              + (f"; the fastest over {len(others) + 1} devices" if others and device is None else ""),
+              file=sys.stderr)
     record = store.kernel_record(name)
     if record is not None and args.family and record["family"] != args.family:
-        raise ValueError(f"kernel {name} is of the {record['family']} family, not {args.family}")
+        raise UsageError(f"kernel {name} is of the {record['family']} family, not {args.family}")
     try:
-        texts = export_kernel(store, name, problem)
-    except KeyError as e:
-        print(f"codegen export: {e.args[0]}", file=sys.stderr)
-        return 1
+        texts = export_kernel(store, name, problem, arch=arch, source_hash=source, device_id=device_id,
+                              unmeasured_render=True)
+    except ExportError as e:
+        raise Failure(str(e)) from None
+    doc = json.loads(texts[1])
+    if doc.get("measured_other_source"):
+        print(f"note: {name} was measured with source {str(doc['measured_other_source']['source_hash'])[:12]}…, "
+              f"which is not stored and which the templates no longer render; this export is today's render, "
+              f"not measured (the manifest's measured_other_source says what was)", file=sys.stderr)
     cu, js = write_export(args.out, name, texts)
     print(f"wrote {cu} and {js}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    store = _store(args.db, read_only=True)
+    store = open_store(args.db, read_only=True)
     rows = store.best(per_problem=args.top)
     if args.json:
         print(json.dumps(rows, default=str, indent=1))
-        return 0
+        return EXIT_OK if rows else EXIT_FAILURE
     if not rows:
-        print(f"no results in {store.url} yet: run `codegen search` first")
-        return 0
+        raise Failure(f"no results in {store.location} yet: run `codegen search` first")
     head = f"{'problem':30s} {'kernel':62s} {'median us':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x cuBLAS':>8s}  device"
     print(head)
     for r in rows:
         ratio = f"{r['ratio_cublas']:.3f}" if r.get("ratio_cublas") else "-"
         print(f"{r['problem']:30s} {r['kernel']:62s} {r['median_ms'] * 1e3:10.1f} {r['tflops']:8.2f} "
               f"{r['gbps']:7.0f} {ratio:>8s}  {r['device']}")
-    return 0
+    if any(r.get("recorded") for r in rows):
+        print("(a device named \"... (recorded DATE, FILE)\" holds results replayed from a recording, not measured "
+              "live)", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_app(args: argparse.Namespace) -> int:
     from app.launch import run
+    from store.db import sqlite_path
 
+    url = store_url(args.db)
+    path = sqlite_path(url)
+    if path is not None and path.exists():
+        check_store(url, read_only=True)
+    elif args.db and path is not None:
+        raise UsageError(f"no gemmscape database at {path}")
+    print(f"dashboard on http://127.0.0.1:{args.port}, reading {_safe(url)} read-only (Ctrl-C stops it)",
+          file=sys.stderr)
     return run(args.db, args.port)
 
 
 def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     """The parser, with ``family``'s variant options on compile and bench."""
-    parser = argparse.ArgumentParser(prog="codegen", description="gemmscape: generate, check and time CUDA GEMM kernels "
-                                     "for the linear layer Y = X·Wᵀ + b.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="codegen", formatter_class=HelpFormatter,
+                    description="gemmscape: generate, check and time CUDA GEMM kernels for the linear layer "
+                                "Y = X·Wᵀ + b.",
+                    epilog="exit codes: 0 done; 1 a failure or nothing found (a kernel failed, no result, no "
+                           "export); 2 a usage error (the command line, or a file, database or setting it names, "
+                           "cannot be used; nothing written)")
+    parser.add_argument("--version", action="version", version=f"gemmscape {version()}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("compile", help="render and NVRTC-compile one variant (no GPU needed); print its resources")
-    p.add_argument("name", nargs="?", help="kernel name (else built from the options)")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
+        return p
+
+    p = command("compile", "render and NVRTC-compile one variant (no GPU needed); print its resources")
+    p.add_argument("name", nargs="?", help="kernel name (default: built from the options)")
     add_problem_args(p, required=False)
     add_family_arg(p, "of the variant options below")
     add_spec_args(p, family)
-    p.add_argument("--arch", help="target, e.g. sm_90 (default: the visible GPU's, else sm_90)")
-    p.add_argument("--source", action="store_true", help="print the CUDA source too")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--arch", type=arch_name, help="target, e.g. sm_90 (default: $GEMMSCAPE_ARCH, else the visible "
+                   "GPU's, else sm_90)")
+    p.add_argument("--source", action="store_true", help="print the CUDA source too (with --json: as \"source\")")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("bench", help="validate and time one variant and the cuBLAS baseline on the GPU")
+    p = command("bench", "validate and time one variant and the cuBLAS baseline on the GPU")
     add_problem_args(p)
     add_family_arg(p, "of the variant options below")
     add_spec_args(p, family)
     add_gpu_args(p, timeout=60.0)
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--no-store", action="store_true", help="do not record the trial")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (the result line goes to stderr)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("search", help="search the space with Optuna on the GPU (or over a recording with --replay)")
+    p = command("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
     add_problem_args(p)
     add_family_arg(p, "whose space is searched")
-    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget", type=int, default=200, help="evaluated (compiled and run) trials, across resumed runs")
+    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"], help="Optuna sampler")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--budget", type=positive_int, default=200,
+                   help="evaluated (compiled and run) trials, across resumed runs")
     p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
-    p.add_argument("--replay", type=Path, metavar="FILE", help="answer from a recorded sweep: no GPU, nothing stored")
+    p.add_argument("--replay", type=Path, metavar="FILE",
+                   help="answer from a recorded sweep, no GPU; trials are stored under a device named as a "
+                        "recording (default: none, measure on the GPU)")
     p.add_argument("--no-seeds", action="store_true", help="do not try the family's known-good points first")
     add_gpu_args(p, timeout=30.0)
-    p.add_argument("--lookahead", type=int, default=4, help="candidates compiling ahead of the GPU")
-    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--no-store", action="store_true", help="do not record the trials")
+    p.add_argument("--lookahead", type=positive_int, default=4, help="candidates compiling ahead of the GPU")
+    p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (the summary lines go to stderr)")
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("sweep", help="measure every valid point of the restricted space; write a replay recording")
+    p = command("sweep", "measure every valid point of the restricted space; write a replay recording")
     add_problem_args(p)
     add_family_arg(p, "whose restricted space is swept")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="the recording to write (a new file)")
     add_gpu_args(p, timeout=30.0)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("export", help="write <name>.cu and <name>.json that run without gemmscape")
+    p = command("export", "write <name>.cu and <name>.json that run without gemmscape")
     add_problem_args(p, required=False)
     p.add_argument("--best", action="store_true", help="the fastest stored kernel for the problem")
-    p.add_argument("--kernel", metavar="NAME")
-    add_family_arg(p, "to export (with --best: the fastest of that family)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--db")
+    p.add_argument("--kernel", metavar="NAME", help="a kernel by name (default: none; give it or --best)")
+    add_family_arg(p, "to export (with --best: the fastest of that family)", default="any family")
+    p.add_argument("--device", metavar="NAME|ID",
+                   help="the device whose measurement counts, by id or name as `codegen results` shows "
+                        "(default: the fastest over all devices)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder to write into (created if missing)")
+    add_db_arg(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("results", help="the best kernels per problem")
-    p.add_argument("--db")
-    p.add_argument("--top", type=int, default=1, help="kernels per problem")
-    p.add_argument("--json", action="store_true")
+    p = command("results", "the best kernels per problem and device")
+    add_db_arg(p)
+    p.add_argument("--top", type=positive_int, default=1, help="kernels per problem and device")
+    p.add_argument("--json", action="store_true", help="the rows as one JSON list on stdout")
     p.set_defaults(func=cmd_results)
 
-    p = sub.add_parser("app", help="the Streamlit dashboard on 127.0.0.1 (database opened read-only)")
-    p.add_argument("--db")
-    p.add_argument("--port", type=int, default=8501)
+    p = command("app", "the Streamlit dashboard on 127.0.0.1 (database opened read-only)")
+    add_db_arg(p)
+    p.add_argument("--port", type=port_number, default=8501, help="port on 127.0.0.1")
     p.set_defaults(func=cmd_app)
     return parser
 
@@ -378,10 +727,43 @@ def family_asked(argv: list[str] | None) -> str:
     return known.family if known.family in families.names() else DEFAULT_FAMILY
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    print(f"codegen {getattr(args, 'command', '')}: {message}".replace("codegen : ", "codegen: "), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit code (see the module docstring). A user mistake, a store
+    that cannot be used and a compiler that cannot run become one line on stderr; with ``--debug``
+    they raise instead. Any other exception is a bug in gemmscape and keeps its traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import StoreError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(family_asked(argv)).parse_args(argv)
+    debug = getattr(args, "debug", False)
     try:
         return args.func(args)
-    except (ValueError, TypeError) as e:
-        print(f"codegen: {e}", file=sys.stderr)
-        return 2
+    except UsageError as e:
+        if debug:
+            raise
+        _say(args, str(e))
+        return EXIT_USAGE
+    except Failure as e:
+        if debug:
+            raise
+        _say(args, str(e))
+        return EXIT_FAILURE
+    except (StoreError, SQLAlchemyError) as e:
+        if debug:
+            raise
+        _say(args, f"database error: {one_line(e)} (--debug shows the traceback)")
+        return EXIT_FAILURE
+    except BrokenPipeError:  # the reader of stdout went away (`codegen results --json | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(args, "interrupted")
+        return EXIT_INTERRUPTED

@@ -85,14 +85,18 @@ def export_files(spec: KernelSpec, problem: Problem, source: str | None, arch: s
 
 
 def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, arch: str | None = None,
-                  source_hash: str | None = None, render_missing: bool = True) -> tuple[str, str]:
+                  source_hash: str | None = None, render_missing: bool = True, device_id: int | None = None,
+                  unmeasured_render: bool = False) -> tuple[str, str]:
     """(.cu text, .json text) of a stored kernel with its best ok measurement (for ``problem``, if
-    given; of the given arch and source, if given). Ships the measured kernel's stored source;
-    where none is stored and ``render_missing``, renders it, and refuses if that is not the source
-    that was measured. Raises ExportError saying why an export cannot be made."""
+    given; of the given arch and source, on the given device, if given). Ships the measured
+    kernel's stored source; where none is stored and ``render_missing``, renders it, and refuses
+    if that is not the source that was measured, unless ``unmeasured_render``: then the render
+    ships with no measurement (``measured`` null) and the manifest's ``measured_other_source``
+    says what was measured, of which source, and that it is not this one. Raises ExportError
+    saying why an export cannot be made."""
     if store.kernel_record(kernel_name) is None:
         raise ExportError(f"no kernel named {kernel_name} in {store.location}")
-    best = store.measured_kernel(kernel_name, problem, arch=arch, source_hash=source_hash)
+    best = store.measured_kernel(kernel_name, problem, arch=arch, source_hash=source_hash, device_id=device_id)
     measured = None
     if best is not None:
         record, trial = best["kernel"], best["trial"]
@@ -114,6 +118,15 @@ def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, ar
                           f"`codegen export --kernel {kernel_name}` renders it from the templates")
     texts = export_files(spec, problem, None, target, measured)
     rendered = json.loads(texts[1])["source_hash"]
+    if measured is not None and rendered != record.get("source_hash") and unmeasured_render:
+        cu = texts[0]
+        doc = manifest(spec, problem, target, None, source_hash=rendered, rerendered=True)
+        doc["measured_other_source"] = measured | {
+            "source_hash": record.get("source_hash"),
+            "note": (f"measured with source {record.get('source_hash') or 'of unknown hash'}, which is not stored; "
+                     f"this file is today's render ({rendered[:12]}…), which was not measured"),
+        }
+        return cu, json.dumps(doc, indent=2) + "\n"
     if measured is not None and rendered != record.get("source_hash"):
         raise ExportError(f"{kernel_name} was measured with source {record.get('source_hash') or 'of unknown hash'}, "
                           f"which is not stored, and the templates now render {rendered[:12]}…: that measurement is "

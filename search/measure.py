@@ -26,6 +26,7 @@ from codegen.problem import Problem
 from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
 from search.space import Space
+from store.records import recorded_device_name
 
 REPLAY_FORMAT = "gemmscape-replay/1"
 
@@ -159,19 +160,59 @@ def ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class ReplayError(ValueError):
+    """A replay file that cannot be used; the message names the file and says why."""
+
+
+def _read_recording(path: Path) -> dict:
+    """The recording's JSON, checked for the parts a replay needs (ReplayError otherwise)."""
+    if not path.exists():
+        raise ReplayError(f"no replay file {path}")
+    if path.is_dir():
+        raise ReplayError(f"{path} is a folder, not a replay file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReplayError(f"cannot read replay file {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReplayError(f"{path} is not JSON ({e.msg} at line {e.lineno}); a replay file is written by "
+                          f"`codegen sweep`") from None
+    if not isinstance(data, dict) or data.get("format") != REPLAY_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ReplayError(f"{path} is not a gemmscape replay file (format {found!r}, expected {REPLAY_FORMAT!r})")
+    missing = [k for k in ("recorded", "device", "problem", "space", "results") if not isinstance(data.get(k), dict)]
+    missing += [f"recorded.{k}" for k in ("where", "when") if not (data.get("recorded") or {}).get(k)]
+    if not (data.get("device") or {}).get("name"):
+        missing.append("device.name")
+    if missing:
+        raise ReplayError(f"{path} is a damaged replay file: {', '.join(missing)} missing")
+    return data
+
+
 class ReplayMeasurer:
-    """Answers from a recorded sweep; no GPU, no compiler."""
+    """Answers from a recorded sweep; no GPU, no compiler.
+
+    Its ``device`` is the recording's device under a name that says it is a recording (where,
+    when and which file), so replayed trials stored by a search get a device row of their own,
+    never the one of live measurements on that GPU (``store.records.is_recorded``).
+    """
 
     def __init__(self, path: Path | str, problem: Problem | None = None) -> None:
-        data = json.loads(Path(path).read_text())
-        if data.get("format") != REPLAY_FORMAT:
-            raise ValueError(f"{path} is not a gemmscape replay file (format {data.get('format')!r})")
+        path = Path(path)
+        data = _read_recording(path)
+        self.path = path
         self.recorded = data["recorded"]
-        self.problem = Problem.from_dict(data["problem"])
+        try:
+            self.problem = Problem.from_dict(data["problem"])
+            self.space = Space.from_dict(data["space"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReplayError(f"{path} is a damaged replay file: its problem or space cannot be read ({e})") from None
         if problem is not None and problem != self.problem:
-            raise ValueError(f"{path} records {self.problem.key}, not {problem.key}")
-        self.space = Space.from_dict(data["space"])
-        self.device = data["device"]
+            raise ReplayError(f"{path} records {self.problem.key}, not {problem.key}")
+        self.device = dict(data["device"])
+        self.device["name"] = recorded_device_name(self.device["name"], str(self.recorded["when"]), path.name)
         self.arch = self.device.get("sm", "sm_90")
         base = DeviceLimits.for_arch(self.arch)
         self.limits = DeviceLimits(sm=base.sm, max_smem=self.device.get("max_smem_optin", base.max_smem))
@@ -201,6 +242,12 @@ class ReplayMeasurer:
         recorded_hash = result.pop("source_hash", None)
         if recorded_hash:
             kernel["source_hash"] = recorded_hash
+            try:  # the templates still render what was measured: store that source with it
+                source = render(spec)
+            except ValueError:
+                source = None
+            if source is not None and source_hash(source) == recorded_hash:
+                kernel["source"] = source
         return Done(tag, spec, dict(blank_result(result["status"], ""), **result), kernel)
 
     @property

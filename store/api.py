@@ -358,11 +358,14 @@ class Store:
         *,
         arch: str | None = None,
         source_hash: str | None = None,
+        device_id: int | None = None,
     ) -> dict[str, Any] | None:
         """The fastest ok measurement of a kernel (on ``problem``, of ``arch`` and ``source_hash``,
-        where given) as ``{"trial", "kernel", "device", "versions"}``: the trial row, the record of
-        the kernel (the very source) it measured, its device and its run's versions; or None."""
-        rows = [r for r in self.trials(kernel_name=kernel_name, status="ok", problem=problem, source_hash=source_hash)
+        on ``device_id``, where given) as ``{"trial", "kernel", "device", "versions"}``: the trial
+        row, the record of the kernel (the very source) it measured, its device and its run's
+        versions; or None."""
+        rows = [r for r in self.trials(kernel_name=kernel_name, status="ok", problem=problem, source_hash=source_hash,
+                                       device_id=device_id)
                 if r["median_ms"] is not None and (arch is None or r["arch"] == arch)]
         if not rows:
             return None
@@ -409,6 +412,19 @@ class Store:
             return []
         with self._read() as session:
             return [problem_dict(p) for p in session.scalars(select(Problem).order_by(Problem.key))]
+
+    def find_device(self, name_or_id: str) -> dict[str, Any] | None:
+        """The device whose id (digits) or exact name is ``name_or_id``; else the one device whose
+        name contains it (case-insensitive); None when none or several do."""
+        devices = self.devices()
+        text = name_or_id.strip()
+        if text.isdigit():
+            return next((d for d in devices if d["id"] == int(text)), None)
+        exact = [d for d in devices if d["name"] == text]
+        if exact:
+            return exact[0]
+        partial = [d for d in devices if text.lower() in d["name"].lower()]
+        return partial[0] if len(partial) == 1 else None
 
     def devices(self) -> list[dict[str, Any]]:
         if not self.ready:

@@ -13,12 +13,33 @@ RESULT_KEYS = (
 )  # fmt: skip
 
 
+#: What a device's name carries when its results were replayed from a recording, not measured live:
+#: ``"NVIDIA H200 (recorded 2026-11-30, replay-simt-4096x4096x4096-fp32.json)"``.
+RECORDED_MARK = " (recorded "
+
+
+def recorded_device_name(name: str, when: str, source: str) -> str:
+    """The name under which replayed results of ``name`` are stored (a device row of their own)."""
+    return f"{name}{RECORDED_MARK}{when[:10]}, {source})"
+
+
+def is_recorded(device_name: str | None) -> bool:
+    """Whether results under this device name came from a recording (a replay), not a live run."""
+    return bool(device_name) and RECORDED_MARK in device_name and device_name.endswith(")")
+
+
+def measured_on(device_name: str) -> str:
+    """The GPU a (possibly recorded) device name stands for: the name without the recording note."""
+    return device_name.split(RECORDED_MARK, 1)[0] if is_recorded(device_name) else device_name
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
 def device_dict(d: Device) -> dict[str, Any]:
-    return {"id": d.id, "name": d.name, "sm": d.sm, "driver": d.driver, "nvrtc": d.nvrtc}
+    return {"id": d.id, "name": d.name, "sm": d.sm, "driver": d.driver, "nvrtc": d.nvrtc,
+            "recorded": is_recorded(d.name)}
 
 
 def problem_dict(p: Problem) -> dict[str, Any]:
@@ -54,7 +75,8 @@ def trial_dict(t: Trial) -> dict[str, Any]:
         "source_hash": t.kernel.source_hash,
         "problem": p.key, "problem_id": p.id, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
         "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block,
-        "device": t.device.name, "device_id": t.device_id, "ratio_cublas": t.ratio_cublas,
+        "device": t.device.name, "device_id": t.device_id, "recorded": is_recorded(t.device.name),
+        "ratio_cublas": t.ratio_cublas,
         "params": dict(t.params or {}),
     }  # fmt: skip
     row.update(result_dict(t))

@@ -48,3 +48,10 @@ def toy_family():
         registry.__path__.remove(folder)
         registry._families.cache_clear()
         sys.modules.pop("codegen.families.toy", None)
+
+
+@pytest.fixture(autouse=True)
+def _private_store(tmp_path_factory, monkeypatch):
+    """A test that names no store writes to a throw-away one, never to ~/.local/share/gemmscape."""
+    folder = tmp_path_factory.mktemp("default-store")
+    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{folder / 'gemmscape.db'}")

@@ -170,6 +170,24 @@ def test_export_never_pins_a_measurement_on_other_source(tmp_path):
     assert manifest["source_hash"] == source_hash(cu) and manifest["measured"] is not None
 
 
+def test_export_of_a_stale_measurement_can_ship_the_render_unmeasured(tmp_path):
+    from codegen.export import export_kernel
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    stale = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    _measured(store, stale, problem, "0" * 64)
+    cu, js = export_kernel(store, stale.name, unmeasured_render=True)
+    manifest = json.loads(js)
+    assert cu == render(stale) and manifest["source_hash"] == source_hash(cu) and manifest["source_rerendered"]
+    assert manifest["measured"] is None  # never pinned on a source it did not measure
+    other = manifest["measured_other_source"]
+    assert other["source_hash"] == "0" * 64 and other["median_ms"] == pytest.approx(0.01)
+    assert other["device"]["name"] == "NVIDIA H200" and "not measured" in other["note"]
+
+
 def test_export_files_says_a_source_was_rendered():
     from codegen.export import export_files
     from codegen.render import render, source_hash

@@ -49,8 +49,8 @@ def grid() -> list[Spec]:
 GRID = grid()
 #: The family's defaults per dtype and its skinny and GEMV seeds (search/spaces/tensorcore.py).
 DEFAULTS = [
-    Spec(), Spec(dtype=DType.fp16), Spec(**SKINNY), Spec(**GEMV), Spec(bias=True, **GEMV),
-    Spec(dtype=DType.tf32, bm=128, bn=128, bk=16, wm=64, wn=32, stages=4, epilogue="direct", prepass="pack"),
+    Spec(), Spec(bias=True), Spec(dtype=DType.fp16, bias=True), Spec(**SKINNY), Spec(**GEMV), Spec(bias=True, **GEMV),
+    Spec(dtype=DType.tf32, bk=16, prepass="pack"), Spec(dtype=DType.tf32, bk=16, prepass="pack", bias=True),
 ]
 
 

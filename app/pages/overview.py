@@ -23,13 +23,14 @@ def best_table(best: list[dict]) -> pd.DataFrame:
     for b in best:
         where = place(b)
         rows.append({
-            "problem": b["problem"], "device": b["device"], "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
+            "problem": b["problem"], "device": b["device"],
+            "measured": "recording (replayed)" if b.get("recorded") else "live", "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
             "of roofline": ui.pct(where["of_roofline"]), "bound": where["bound"] or "–",
             "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
             "median ms": b["median_ms"], "kernel": b["kernel"], "ceilings": where["ceilings"],
         })  # fmt: skip
     table = pd.DataFrame(rows)
-    return pd.concat([table.iloc[:, :5], ratio_columns(best), table.iloc[:, 5:]], axis=1)
+    return pd.concat([table.iloc[:, :6], ratio_columns(best), table.iloc[:, 6:]], axis=1)
 
 
 def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
