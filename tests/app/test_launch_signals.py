@@ -88,8 +88,12 @@ def _listening(port: int) -> bool:
 
 def test_codegen_app_stops_streamlit_on_sigterm(tmp_path: Path) -> None:
     """The real thing: `codegen app` serving Streamlit, then SIGTERM to `codegen app` alone."""
+    from store import Store
+
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    Store(db).close()  # the dashboard reads an existing store
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "codegen", "app", "--db", f"sqlite:///{tmp_path / 'a.db'}",
+    proc = subprocess.Popen([sys.executable, "-m", "codegen", "app", "--db", db,
                              "--port", str(port)], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
