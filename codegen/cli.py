@@ -428,7 +428,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from codegen.versions import versions
-    from search.measure import GpuMeasurer, NoGpu, ReplayError, ReplayMeasurer
+    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+    from search.parallel import gpu_measurer
     from search.runner import run_search
     from search.space import seeds, space_for
 
@@ -465,10 +466,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not args.no_store:
             check_store(args.db)
         try:
-            measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
+            measurer = gpu_measurer(problem, args.gpus, arch=args.arch, timeout_s=args.timeout,
+                                    baseline=not args.no_baseline)
         except NoGpu as e:
             raise UsageError(f"{e}; to search recorded H200 measurements without a GPU use --replay FILE "
                              f"(see README)") from None
+        except ValueError as e:  # --gpus naming GPUs that are not there, or of different models
+            raise UsageError(str(e)) from None
         try:
             store = None if args.no_store else open_store(args.db)
         except BaseException:
@@ -680,6 +684,8 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     add_gpu_args(p, timeout=30.0)
     p.add_argument("--no-store", action="store_true", help="do not record the trials")
     p.add_argument("--lookahead", type=positive_int, default=4, help="candidates compiling ahead of the GPU")
+    p.add_argument("--gpus", metavar="all|0,1,...", default=None,
+                   help="measure on these GPUs, one worker each, over one study (default: GPU 0)")
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="JSON on stdout (the summary lines go to stderr)")

@@ -343,3 +343,12 @@ def test_help_shows_defaults_and_exit_codes(capsys):
 def test_version(capsys):
     code, out, _ = run(["--version"], capsys)
     assert code == 0 and out.startswith("gemmscape ") and out.split()[1][0].isdigit()
+
+
+# ---- --gpus ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus,needle", [("bogus", "--gpus takes 'all' or ordinals"), ("0,1", "nvidia-smi")])
+def test_gpus_that_cannot_be_used_are_one_line(gpus, needle, capsys, db, default_store, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)  # this machine has no NVIDIA driver either way
+    url, path = db
+    assert_usage(["search", *BIG, "--dtype", "bf16", "--family", "tensorcore", "--gpus", gpus, "--budget", "4",
+                  "--db", url], capsys, needle, db_path=path, default=default_store)

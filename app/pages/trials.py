@@ -15,7 +15,7 @@ from app.importance import param_importances
 from store import Store
 
 STATUSES = ["ok", "invalid", "compile_error", "compile_timeout", "launch_out_of_resources", "runtime_error",
-            "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf"]  # fmt: skip
+            "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf", "load_error"]  # fmt: skip
 
 
 @st.cache_data(ttl=60, show_spinner="Computing parameter importances…")
