@@ -7,12 +7,12 @@ nothing here names a family's fields.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 from codegen.problem import DType, Problem
 
-__all__ = ["DeviceLimits", "KernelSpec"]
+__all__ = ["DeviceLimits", "KernelSpec", "SpecData"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,33 @@ class KernelSpec(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]: ...
+
+
+class SpecData:
+    """What every family's frozen spec dataclass does alike: coerce ``dtype`` and ``bias``, refuse
+    values of the wrong type, and round-trip through a plain dict that names its family."""
+
+    family: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DType(self.dtype))
+        object.__setattr__(self, "bias", bool(self.bias))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"{f.name} must be an int, got {value!r}")
+            if f.type == "str" and not isinstance(value, str):
+                raise TypeError(f"{f.name} must be a string, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dtype"] = self.dtype.value
+        d["family"] = self.family
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        """The spec of a ``to_dict()`` form; a dict of another family is refused, not filled in."""
+        if d.get("family", cls.family) != cls.family:
+            raise ValueError(f"a {d['family']!r} spec is not a {cls.family!r} spec: {d!r}")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})

@@ -70,7 +70,7 @@ def test_name_and_dict_round_trip(spec):
 
 
 def test_another_familys_dict_or_name_is_refused():
-    with pytest.raises(ValueError, match="not a tensorcore spec"):
+    with pytest.raises(ValueError, match="is not a 'tensorcore' spec"):
         Spec.from_dict({"family": "simt", "bm": 64})
     with pytest.raises(ValueError, match="not a tensorcore kernel name"):
         Spec.from_name("simt_fp32_nobias_128x128x8_w32x64_t8x8_p4_v4_s2_g1_k1")

@@ -7,11 +7,11 @@ variant is launched.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
 from codegen.problem import DType, Problem
-from codegen.spec import DeviceLimits
+from codegen.spec import DeviceLimits, SpecData
 
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
@@ -30,7 +30,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass(frozen=True)
-class Spec:
+class Spec(SpecData):
     """CUDA-core GEMM: block tile, warp tile, thread tile (register blocking) and staging.
 
     ``stages`` = 0 reads both operands straight from global memory (the naive kernel);
@@ -64,13 +64,6 @@ class Spec:
 
     family = NAME
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DType(self.dtype))
-        object.__setattr__(self, "bias", bool(self.bias))
-        for f in fields(self):
-            if f.type == "int" and not isinstance(getattr(self, f.name), int):
-                raise TypeError(f"{f.name} must be an int, got {getattr(self, f.name)!r}")
-
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
@@ -103,18 +96,6 @@ class Spec:
         )
         assert spec.name == name
         return spec
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["dtype"] = self.dtype.value
-        d["family"] = self.family
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Spec:
-        if d.get("family", cls.family) != cls.family:
-            raise ValueError(f"a {d['family']!r} spec is not a {cls.family!r} spec: {d!r}")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     # ---- derived geometry -----------------------------------------------------------------
     @property

@@ -17,12 +17,12 @@ accumulators (pairs of elements) or staged through shared memory as 16-byte rows
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
 from codegen.problem import DType, Problem
-from codegen.spec import DeviceLimits
+from codegen.spec import DeviceLimits, SpecData
 
 NAME = "tensorcore"
 DTYPES = (DType.bf16, DType.fp16, DType.tf32)
@@ -36,7 +36,7 @@ C_PAD = 8  # floats of padding per row of the staged fp32 output tile (conflict-
 
 
 @dataclass(frozen=True)
-class Spec:
+class Spec(SpecData):
     """One tensor-core GEMM variant; its generated ``name`` is its identity.
 
     The defaults (8 warps of 64x32) keep register headroom: about 170 registers and no spills
@@ -62,16 +62,6 @@ class Spec:
     prepass: str = field(default="none", metadata={"choices": PREPASSES, "help": "pack rows to 16 bytes first"})
 
     family: ClassVar[str] = NAME
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DType(self.dtype))
-        object.__setattr__(self, "bias", bool(self.bias))
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TypeError(f"{f.name} must be an int, got {value!r}")
-            if f.type == "str" and not isinstance(value, str):
-                raise TypeError(f"{f.name} must be a string, got {value!r}")
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -110,18 +100,6 @@ class Spec:
         if spec.name != name:
             raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
         return spec
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["dtype"] = self.dtype.value
-        d["family"] = self.family
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Spec:
-        if d.get("family", NAME) != NAME:
-            raise ValueError(f"a {d['family']} spec is not a {NAME} spec")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     # ---- derived geometry -----------------------------------------------------------------
     @property

@@ -67,18 +67,23 @@ def test_case_count():
 
 @pytest.mark.parametrize("dtype,bias,params", CASES, ids=[SimtSpec(dtype=d, bias=b, **v).name for d, b, v in CASES])
 def test_correct_on_all_shapes(evaluator, dtype, bias, params):
-    spec = SimtSpec(dtype=dtype, bias=bias, **params)
-    for m, n, k in SHAPES:
-        problem = Problem(m, n, k, dtype, bias=bias)
-        result, built = evaluator.evaluate(spec, problem)
+    assert_correct_on(evaluator, SimtSpec(dtype=dtype, bias=bias, **params), SHAPES)
+
+
+def assert_correct_on(evaluator, spec, shapes) -> None:
+    """``spec`` validates (float64 reference, poisoned output, odd probe) on every shape (any family)."""
+    for m, n, k in shapes:
+        problem = Problem(m, n, k, spec.dtype, bias=spec.bias)
+        result, _ = evaluator.evaluate(spec, problem)
         if result["status"] == "invalid" and "k-tiles" in result["evidence"]:
             continue  # split-K finer than K: rejected before compile, by design
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
-        assert result["rel_error"] <= dtype.rel_tol
+        assert result["rel_error"] <= spec.dtype.rel_tol
         assert result["median_ms"] > 0
 
 
-def _planted(body: str, spec: SimtSpec) -> Built:
+def _planted(body: str, spec) -> Built:
+    """A hand-written kernel under ``spec``'s name and signature (float pointers), compiled as is."""
     source = (
         f'extern "C" __global__ void {spec.name}(float* Y, const float* X, const float* W, const float* B,'
         f" float* WS, int M, int N, int K) {{ {body} }}"
