@@ -17,25 +17,33 @@ from typing import Any
 
 from codegen.spec import KernelSpec
 
-__all__ = ["family_of", "get", "names", "spec_from_dict", "spec_from_name", "variant_fields"]
+__all__ = ["family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name", "variant_fields"]
 
 #: Fields every family's Spec has; the others are its variant fields.
 COMMON_FIELDS = ("dtype", "bias")
 
 
-@functools.cache
-def _families() -> dict[str, ModuleType]:
+def plugin_modules(path, package: str, what: str) -> dict[str, ModuleType]:
+    """Every module ``<package>.<name>`` under ``path`` (names starting with ``_`` left out), by
+    name; each must set ``NAME`` to its file's name. ``what`` names the kind in the error."""
     found: dict[str, ModuleType] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+    for info in sorted(pkgutil.iter_modules(path), key=lambda i: i.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{package}.{info.name}")
         name = getattr(module, "NAME", None)
         if name != info.name:
-            raise RuntimeError(f"family module {module.__name__} must set NAME = {info.name!r}, not {name!r}")
+            raise RuntimeError(f"{what} module {module.__name__} must set NAME = {info.name!r}, not {name!r}")
+        found[name] = module
+    return found
+
+
+@functools.cache
+def _families() -> dict[str, ModuleType]:
+    found = plugin_modules(__path__, __name__, "family")
+    for name, module in found.items():
         if getattr(module.Spec, "family", None) != name:
             raise RuntimeError(f"{module.__name__}.Spec.family must be {name!r}")
-        found[name] = module
     return found
 
 

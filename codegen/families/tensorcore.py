@@ -122,7 +122,7 @@ class Spec(SpecData):
         return self.bk * self.elem // 16
 
     @property
-    def frag_n(self) -> int:
+    def inst_n(self) -> int:
         """Columns of one instruction tile: 8 for mma.sync, 16 for wmma."""
         return 8 if self.mma == "mma" else 16
 
@@ -249,7 +249,6 @@ def template_values(spec: Spec) -> dict:
     values.update(
         name=spec.name,
         dtype=spec.dtype.value,
-        elem=spec.elem,
         chunk_elems=spec.chunk_elems,
         chunks=spec.chunks,
         k_step=spec.k_step,
@@ -257,7 +256,7 @@ def template_values(spec: Spec) -> dict:
         warps_n=spec.warps_n,
         threads=spec.threads,
         frag_m=spec.wm // 16,
-        frag_n=spec.wn // spec.frag_n,
+        frag_n=spec.wn // spec.inst_n,
         k_steps_per_warp=spec.bk // spec.k_step // spec.warps_k,
         row_stride=spec.row_stride,
         stage_elems=(spec.bm + spec.bn) * spec.row_stride,

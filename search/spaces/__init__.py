@@ -8,8 +8,6 @@ enough to sweep), ``to_spec(point, problem)``, ``point_of(spec)`` (its inverse) 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from types import ModuleType
 
 __all__ = ["get", "names"]
@@ -17,15 +15,9 @@ __all__ = ["get", "names"]
 
 @functools.cache
 def _spaces() -> dict[str, ModuleType]:
-    found: dict[str, ModuleType] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if getattr(module, "NAME", None) != info.name:
-            raise RuntimeError(f"space module {module.__name__} must set NAME = {info.name!r}")
-        found[info.name] = module
-    return found
+    from codegen.families import plugin_modules
+
+    return plugin_modules(__path__, __name__, "space")
 
 
 def names() -> list[str]:
