@@ -100,3 +100,29 @@ def test_real_search_stores_every_trial_and_resumes(tmp_path):
     rows = [r for r in store.trials() if r["status"] != "invalid"]
     assert len(rows) == 10 and len({r["kernel"] for r in rows}) == 10
     assert store.best(problem)[0]["tflops"] == pytest.approx(second.best["tflops"])
+
+
+def test_two_gpu_workers_share_one_study(tmp_path):
+    """``--gpus`` with one GPU lent: two workers (each its own GPU process) on GPU 0 over one study."""
+    from search.measure import GpuMeasurer
+    from search.parallel import ParallelMeasurer
+    from search.runner import run_search
+    from search.space import space_for
+    from store import Store
+
+    problem = Problem(384, 640, 256, bias=True)
+    store = Store(f"sqlite:///{tmp_path / 'two.db'}")
+    timing = {"reps_min": 5, "reps_max": 5, "target_ms": 1.0}
+    workers = [GpuMeasurer(problem, ordinal=0, timing=timing, baseline=False, compile_workers=2) for _ in range(2)]
+    measurer = ParallelMeasurer(workers)
+    try:
+        summary = run_search(problem, space_for("simt", problem.dtype, restricted=True), measurer, budget=12,
+                             store=store, progress=False)
+    finally:
+        measurer.close()
+    assert summary.evaluated == 12 and summary.stopped == "budget reached"
+    assert all(n > 0 for n in measurer.measured_by) and sum(measurer.measured_by) == 12, measurer.measured_by
+    rows = [r for r in store.trials() if r["status"] != "invalid"]
+    assert len(rows) == 12 and len({r["kernel"] for r in rows}) == 12
+    assert sum(r["status"] == "ok" for r in rows) >= 6, [r["status"] for r in rows]
+    assert store.best(problem)[0]["tflops"] == pytest.approx(summary.best["tflops"])
