@@ -1,6 +1,8 @@
 """The tuning key: what the user wants computed.
 
 A linear layer ``Y[M,N] = X[M,K] · W[N,K]ᵀ (+ b[N])``, all row-major (``nn.Linear`` layout).
+W is dense, or block-sparse: ``block`` > 0 names the size of its square blocks, ``density`` the
+fraction kept and ``pattern`` the hash of which ones (codegen.sparse holds the pattern itself).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class Problem:
     dtype: DType = DType.fp32
     layout: Layout = Layout.forward
     bias: bool = False
+    block: int = 0  # 0: dense W; else the side of W's square blocks (BSR)
+    density: float = 1.0  # fraction of W's blocks kept
+    pattern: str = ""  # hash of the kept blocks (codegen.sparse.Pattern.hash)
 
     def __post_init__(self) -> None:
         for field in ("m", "n", "k"):
@@ -50,22 +55,39 @@ class Problem:
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "layout", Layout(self.layout))
         object.__setattr__(self, "bias", bool(self.bias))
+        if not isinstance(self.block, int) or isinstance(self.block, bool) or self.block < 0:
+            raise ValueError(f"block must be an integer >= 0 (0: dense W), got {self.block!r}")
+        object.__setattr__(self, "density", float(self.density))
+        if self.block == 0 and (self.density != 1.0 or self.pattern):
+            raise ValueError("a dense problem (block 0) has density 1 and no pattern")
+        if self.block and not (0.0 <= self.density <= 1.0 and self.pattern):
+            raise ValueError(f"a block-sparse problem needs a density in [0, 1] and a pattern hash, got "
+                             f"density={self.density!r}, pattern={self.pattern!r}")
+
+    @property
+    def sparse(self) -> bool:
+        return self.block > 0
 
     @property
     def key(self) -> str:
         """Stable text identity, used by the store and file names."""
         bias = "_bias" if self.bias else ""
-        return f"{self.m}x{self.n}x{self.k}_{self.dtype.value}_{self.layout.value}{bias}"
+        sparse = f"_bsr{self.block}_d{self.density:.4g}_{self.pattern[:8]}" if self.sparse else ""
+        return f"{self.m}x{self.n}x{self.k}_{self.dtype.value}_{self.layout.value}{bias}{sparse}"
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        """The useful work: 2·M·N·K, times the density of kept blocks for a block-sparse W."""
+        return 2.0 * self.m * self.n * self.k * self.density
 
     @property
     def min_bytes(self) -> float:
-        """Each input read once, the output written once."""
-        elems = self.m * self.k + self.n * self.k + self.m * self.n + (self.n if self.bias else 0)
-        return float(elems * self.dtype.itemsize)
+        """Each input read once (W's kept blocks only, with their 4-byte column indices), the output
+        written once."""
+        w = self.n * self.k * self.density
+        elems = self.m * self.k + w + self.m * self.n + (self.n if self.bias else 0)
+        index = 4 * w / (self.block * self.block) if self.sparse else 0.0
+        return float(elems * self.dtype.itemsize + index)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,4 +97,5 @@ class Problem:
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
-        return cls(**{k: d[k] for k in ("m", "n", "k", "dtype", "layout", "bias") if k in d})
+        names = ("m", "n", "k", "dtype", "layout", "bias", "block", "density", "pattern")
+        return cls(**{k: d[k] for k in names if k in d and d[k] is not None})

@@ -120,7 +120,7 @@ class Store:
             lambda s: s.scalar(select(Problem).where(Problem.key == p.key)),
             lambda: Problem(
                 key=p.key, m=p.m, n=p.n, k=p.k, dtype=p.dtype.value, layout=p.layout.value, bias=p.bias,
-                density=float(getattr(p, "density", 1.0) or 1.0), block=getattr(p, "block", None),
+                density=float(getattr(p, "density", 1.0)), block=getattr(p, "block", 0) or None,
             ),
         )  # fmt: skip
         return row.id
