@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "MAIN_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "KernelLaunch", "LaunchPlan", "grid_rule", "plan",
+    "ARG_TYPES", "BSR_ARGS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "KernelLaunch", "LaunchPlan", "grid_rule", "plan",
     "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
 ]  # fmt: skip
 
@@ -28,11 +28,19 @@ ARG_TYPES = {
     "W": "const T*",
     "B": "const T*",
     "WS": "float*",
+    "RP": "const int*",
+    "CI": "const int*",
     "M": "int",
     "N": "int",
     "K": "int",
 }
 MAIN_ARGS = ("Y", "X", "W", "B", "WS", "M", "N", "K")
+#: The main kernel's arguments when W is block-sparse: its BSR index arrays after WS.
+SPARSE_ARGS = ("Y", "X", "W", "B", "WS", "RP", "CI", "M", "N", "K")
+#: What a block-sparse kernel's W, RP and CI hold, for export manifests.
+BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{block}] row-major, 16-byte aligned, "
+            "blocks past N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row; "
+            "CI[nnzb] (int32) the block columns kept, ascending in each row")
 REDUCE_ARGS = ("Y", "B", "WS", "M", "N")
 REDUCE_THREADS = 256
 

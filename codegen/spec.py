@@ -12,7 +12,21 @@ from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 from codegen.problem import DType, Problem
 
-__all__ = ["DeviceLimits", "KernelSpec", "SpecData"]
+__all__ = ["DeviceLimits", "KernelSpec", "SpecData", "sparse_rules"]
+
+#: Block sizes a block-sparse W may have (codegen.sparse.BLOCKS).
+SPARSE_BLOCKS = (16, 32, 64)
+def sparse_rules(block: int, bn: int, bk: int) -> list[str]:
+    """What a block-sparse variant of any family needs of its tiles: one block row per block tile,
+    whole k-tiles per block."""
+    why = []
+    if block not in SPARSE_BLOCKS:
+        why.append(f"block must be one of {SPARSE_BLOCKS} (0: dense W), got {block}")
+    if bn != block:
+        why.append(f"a block tile spans one block row: bn must equal the block ({block}), got {bn}")
+    if block % bk:
+        why.append(f"bk {bk} must divide the block ({block})")
+    return why
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
+from codegen.launch import (
+    BSR_ARGS,
+    MAIN_ARGS,
+    SPARSE_ARGS,
+    KernelLaunch,
+    LaunchPlan,
+    reduce_launch,
+    reduce_rule,
+    workspace_bytes,
+)
 from codegen.problem import DType, Problem
-from codegen.spec import DeviceLimits, SpecData
+from codegen.spec import DeviceLimits, SpecData, sparse_rules
 
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
@@ -61,6 +70,7 @@ class Spec(SpecData):
     split_k: int = field(default=1, metadata=_help("blocks sharing one output tile along K"))
     reduce: str = field(default="none", metadata={"choices": REDUCES,
                                                   "help": "split-K reduction: none (split_k 1), atomic, two_pass"})
+    block: int = field(default=0, metadata=_help("W block-sparse in block x block blocks (BSR); 0: dense W"))
 
     family = NAME
 
@@ -72,13 +82,14 @@ class Spec(SpecData):
             f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
             f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
-            f"_g{self.group_m}_k{self.split_k}{red}"
+            f"_g{self.group_m}_k{self.split_k}{red}{f'_bsr{self.block}' if self.block else ''}"
         )
 
     _NAME = re.compile(
         r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
         r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+        r"(?:_bsr(?P<block>\d+))?"
     )
 
     @classmethod
@@ -92,6 +103,7 @@ class Spec(SpecData):
             bias=g.pop("bias") == "bias",
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
             copy="async" if g.pop("copy") else "reg",
+            block=int(g.pop("block") or 0),
             **{k: int(v) for k, v in g.items()},
         )
         assert spec.name == name
@@ -204,6 +216,10 @@ class Spec(SpecData):
             why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why
+        if self.block:
+            why += sparse_rules(self.block, self.bn, self.bk)
+            if self.stages == 0:
+                why.append("a block-sparse W is staged through shared memory: stages must be >= 1")
         if self.threads > limits.max_threads:
             why.append(f"{self.threads} threads per block > {limits.max_threads}")
         max_vec = 4 if self.dtype is DType.fp32 else 8
@@ -243,6 +259,8 @@ class Spec(SpecData):
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
                 why.append("spec and problem disagree on bias")
+            if problem.block != self.block:
+                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
             step = max(self.bk, 1)
             k_tiles = -(-problem.k // step)
             if self.split_k > k_tiles:
@@ -270,6 +288,7 @@ def template_values(spec: Spec) -> dict:
         frag_m_t=FRAG_TYPE[spec.rm], frag_n_t=FRAG_TYPE[spec.rn],
         kv=spec.kv, frag_k_t=LOAD_TYPE[spec.kv * size],
         cp_bytes=spec.vec * size, cp_cache="cg" if spec.vec * size == 16 else "ca",
+        subs=spec.block // spec.bk if spec.block else 0,
     )  # fmt: skip
     if spec.copy == "async":
         sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
@@ -295,7 +314,7 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         grid=(grid_m * grid_n, spec.split_k, 1),
         block=(spec.threads, 1, 1),
         smem=spec.smem_bytes,
-        args=MAIN_ARGS,
+        args=SPARSE_ARGS if spec.block else MAIN_ARGS,
     )
     if spec.reduce != "two_pass":
         return LaunchPlan(launches=(main,), zero_output=spec.reduce == "atomic")
@@ -307,6 +326,8 @@ def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
     rule = (f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
             f"block = ({spec.threads}, 1, 1)")
+    if spec.block:
+        rule += "; " + BSR_ARGS.format(block=spec.block)
     if spec.reduce == "two_pass":
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
     if spec.reduce == "atomic":

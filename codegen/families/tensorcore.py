@@ -10,7 +10,9 @@ block tile ``warps_m x warps_n`` ways and, with ``warps_k`` > 1, also split each
 reduced through shared memory). ``split_k`` splits K over the grid (atomic for fp32 outputs, or
 two passes through an fp32 workspace). ``prepass="pack"`` first copies X and W into the workspace
 with rows padded to 16 bytes, so shapes whose K breaks 16-byte row alignment still run the fast
-pipeline. The epilogue adds the bias in fp32, converts, and stores either straight from the
+pipeline. ``block`` > 0 makes W block-sparse (BSR, ``block x block`` blocks, see codegen.sparse):
+a block tile spans one block row (``bn == block``), its k-tiles run over that row's kept blocks
+only, and ``split_k`` splits those blocks. The epilogue adds the bias in fp32, converts, and stores either straight from the
 accumulators (pairs of elements) or staged through shared memory as 16-byte rows.
 """
 
@@ -20,9 +22,18 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from codegen.launch import MAIN_ARGS, KernelLaunch, LaunchPlan, reduce_launch, reduce_rule, workspace_bytes
+from codegen.launch import (
+    BSR_ARGS,
+    MAIN_ARGS,
+    SPARSE_ARGS,
+    KernelLaunch,
+    LaunchPlan,
+    reduce_launch,
+    reduce_rule,
+    workspace_bytes,
+)
 from codegen.problem import DType, Problem
-from codegen.spec import DeviceLimits, SpecData
+from codegen.spec import DeviceLimits, SpecData, sparse_rules
 
 NAME = "tensorcore"
 DTYPES = (DType.bf16, DType.fp16, DType.tf32)
@@ -60,6 +71,7 @@ class Spec(SpecData):
     split_k: int = field(default=1, metadata={"help": "K split over the grid"})
     reduce: str = field(default="none", metadata={"choices": REDUCES, "help": "split-K reduction"})
     prepass: str = field(default="none", metadata={"choices": PREPASSES, "help": "pack rows to 16 bytes first"})
+    block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
 
     family: ClassVar[str] = NAME
 
@@ -72,13 +84,14 @@ class Spec(SpecData):
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}x{self.warps_k}"
             f"_s{self.stages}{'x' if self.smem == 'swizzle' else 'p'}_e{self.epilogue[0]}"
             f"_g{self.group_m}_k{self.split_k}{red}{'_pk' if self.prepass == 'pack' else ''}"
+            f"{f'_bsr{self.block}' if self.block else ''}"
         )
 
     _NAME = re.compile(
         r"tc_(?P<dtype>bf16|fp16|tf32)_(?P<bias>bias|nobias)_(?P<mma>mma|wmma)"
         r"_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_w(?P<wm>\d+)x(?P<wn>\d+)x(?P<warps_k>\d+)"
         r"_s(?P<stages>\d+)(?P<smem>[xp])_e(?P<epilogue>[ds])_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
-        r"(?P<prepass>(_pk)?)"
+        r"(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
     )
 
     @classmethod
@@ -95,6 +108,7 @@ class Spec(SpecData):
             epilogue="direct" if g.pop("epilogue") == "d" else "smem",
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
             prepass="pack" if g.pop("prepass") else "none",
+            block=int(g.pop("block") or 0),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -211,6 +225,10 @@ class Spec(SpecData):
             why.append("reduce is 'none' exactly when split_k is 1")
         elif self.reduce == "atomic" and self.dtype is not DType.tf32:
             why.append("atomic split-K needs an fp32 output (tf32); use two_pass for 16-bit outputs")
+        if self.block:
+            why += sparse_rules(self.block, self.bn, self.bk)
+            if self.prepass != "none":
+                why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if why:
             return why
         if self.threads > limits.max_threads:
@@ -226,6 +244,8 @@ class Spec(SpecData):
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
                 why.append("spec and problem disagree on bias")
+            if problem.block != self.block:
+                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
             k_tiles = -(-problem.k // self.bk)
             if self.split_k > k_tiles:
                 why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
@@ -275,6 +295,7 @@ def template_values(spec: Spec) -> dict:
         wmma_type=WMMA_TYPE[spec.dtype],
         pair_type=PAIR_TYPE[spec.dtype],
         pack_threads=PACK_THREADS,
+        subs=spec.block // spec.bk if spec.block else 0,
         # tf32 inputs are rounded where they are read: once by the pack prepass, else per fragment
         round_in_loop=spec.dtype is DType.tf32 and spec.prepass != "pack",
     )
@@ -309,7 +330,7 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
                                      block=(PACK_THREADS, 1, 1), smem=0, args=("WS", "X", "W", "M", "N", "K")))
         workspace += (problem.m + problem.n) * kp * spec.elem
     launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
-                                 smem=spec.smem_bytes, args=MAIN_ARGS))
+                                 smem=spec.smem_bytes, args=SPARSE_ARGS if spec.block else MAIN_ARGS))
     if spec.reduce == "two_pass":
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, zero_output=spec.reduce == "atomic")
@@ -331,6 +352,8 @@ def grid_rule(spec: Spec) -> str:
                      f"(M+N)*KP*{spec.elem} bytes")
     parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
                  f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
+    if spec.block:
+        parts.append(BSR_ARGS.format(block=spec.block))
     if spec.reduce == "two_pass":
         parts.append("then " + reduce_rule(spec.name, spec.split_k) + " (rounded up to 16 bytes)")
     if spec.reduce == "atomic":
