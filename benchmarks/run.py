@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+from codegen import sparse
 from codegen.evaluate import DEFAULT_TIMING, Evaluator, build
 from codegen.families import spec_from_dict
 from codegen.problem import DType, Problem
@@ -174,6 +175,55 @@ SUITES["tensorcore"] = [
     )
 ] + [(Problem(4096, 4096, 4096, DType.tf32), _TC_TF32)]
 
+
+def _tcs(bm, bk, wm, wn, block, warps_k=1, stages=4, split_k=1, epilogue="smem") -> dict:
+    """A block-sparse tensor-core candidate (the block tile spans one block row: bn = block)."""
+    return dict(family="tensorcore", bm=bm, bn=block, bk=bk, wm=wm, wn=wn, warps_k=warps_k, stages=stages,
+                epilogue=epilogue, block=block, split_k=split_k, reduce="two_pass" if split_k > 1 else "none")
+
+
+def _simts(bm, bk, wm, wn, tm, tn, block, stages=2, copy="reg", split_k=1, pad=4) -> dict:
+    """A block-sparse SIMT candidate (fp32: split-K adds atomically)."""
+    return dict(bm=bm, bn=block, bk=bk, wm=wm, wn=wn, tm=tm, tn=tn, pad=pad, vec=4, stages=stages, copy=copy,
+                block=block, split_k=split_k, reduce="atomic" if split_k > 1 else "none")
+
+
+#: Hand-picked starting points for block-sparse W, per (M, block): tiles one block row wide.
+_SPARSE_BF16 = {
+    (4096, 64): [_tcs(128, 32, 64, 32, 64), _tcs(256, 32, 64, 32, 64), _tcs(128, 32, 32, 64, 64),
+                 _tcs(128, 32, 32, 32, 64), _tcs(64, 32, 32, 32, 64)],
+    (4096, 32): [_tcs(128, 32, 32, 32, 32), _tcs(256, 32, 64, 32, 32), _tcs(256, 32, 32, 32, 32),
+                 _tcs(128, 32, 64, 32, 32)],
+    (4096, 16): [_tcs(128, 16, 32, 16, 16), _tcs(256, 16, 32, 16, 16, stages=5), _tcs(256, 16, 64, 16, 16)],
+    (32, 64): [_tcs(32, 32, 16, 32, 64), _tcs(32, 32, 16, 32, 64, split_k=2), _tcs(32, 64, 32, 32, 64, warps_k=2),
+               _tcs(32, 32, 32, 16, 64, split_k=4)],
+    (32, 32): [_tcs(32, 32, 16, 16, 32), _tcs(32, 32, 16, 16, 32, split_k=2), _tcs(32, 32, 32, 32, 32, split_k=4)],
+    (32, 16): [_tcs(32, 16, 16, 16, 16), _tcs(32, 16, 16, 16, 16, split_k=2), _tcs(32, 16, 32, 16, 16, split_k=4)],
+}
+_SPARSE_FP32 = {
+    (4096, 64): [_simts(128, 16, 32, 32, 8, 4, 64), _simts(128, 16, 32, 64, 8, 8, 64),
+                 _simts(128, 16, 32, 32, 4, 8, 64, stages=3, copy="async"), _simts(256, 16, 64, 32, 8, 8, 64)],
+    (4096, 32): [_simts(128, 16, 32, 32, 8, 4, 32), _simts(128, 32, 64, 32, 8, 8, 32),
+                 _simts(128, 16, 32, 32, 4, 8, 32, stages=3, copy="async")],
+    (4096, 16): [_simts(128, 16, 64, 16, 8, 4, 16), _simts(128, 16, 32, 16, 4, 4, 16),
+                 _simts(128, 16, 64, 16, 8, 4, 16, stages=3, copy="async")],
+    (32, 64): [_simts(32, 16, 32, 32, 4, 8, 64), _simts(32, 16, 32, 32, 4, 8, 64, split_k=2),
+               _simts(32, 32, 16, 32, 4, 4, 64, stages=3, copy="async", split_k=4)],
+    (32, 32): [_simts(32, 16, 32, 32, 4, 8, 32), _simts(32, 16, 32, 32, 4, 8, 32, split_k=2),
+               _simts(32, 32, 16, 32, 4, 4, 32, stages=3, copy="async", split_k=4)],
+    (32, 16): [_simts(32, 16, 32, 16, 4, 4, 16), _simts(32, 16, 32, 16, 4, 4, 16, split_k=2)],
+}
+#: Issue 11's sparsity suite: a synthetic random pattern (seed 0) per block and density, for the
+#: large square layer and batch 32, bf16 on tensor cores and fp32 on CUDA cores.
+SPARSE_DENSITIES = (0.05, 0.1, 0.25, 0.5)
+SUITES["sparse"] = [
+    (sparse.problem_for(m, sparse.Pattern.random(4096, 4096, block, density, seed=0), dtype), cands[(m, block)])
+    for dtype, cands in ((DType.bf16, _SPARSE_BF16), (DType.fp32, _SPARSE_FP32))
+    for m in (4096, 32)
+    for block in sparse.BLOCKS
+    for density in SPARSE_DENSITIES
+]
+
 def hand_suite(problems: list, timing: dict):
     """Every hand-picked candidate of each problem; yields (record, device) per problem, with the
     fastest correct candidate and cuBLAS."""
@@ -194,7 +244,7 @@ def hand_suite(problems: list, timing: dict):
                     line += f" {result['median_ms'] * 1e3:9.1f} us {result['tflops']:6.2f} TFLOP/s ratio {result['ratio'].get('cublas', float('nan')):.3f}"
                 print(line, flush=True)
             ok = [(s, r) for s, r in tried if r["status"] == "ok"]
-            record = {"problem": {**problem.to_dict(), "density": 1.0, "block": None}}
+            record = {"problem": problem_record(problem)}
             record["candidates"] = [
                 {"kernel": s.name, "status": r["status"], "median_ms": r["median_ms"], "evidence": r["evidence"][-300:]}
                 for s, r in tried
@@ -209,6 +259,11 @@ def hand_suite(problems: list, timing: dict):
                 record["baselines"] = best["baselines"]
                 record["ratio"] = best["ratio"]
             yield record, device
+
+
+def problem_record(problem: Problem) -> dict:
+    """A result record's problem (DESIGN.md): its fields, ``block`` null for a dense W."""
+    return {**problem.to_dict(), "block": problem.block or None}
 
 
 def write_results(name: str, path: Path, stamp: str, timing: dict, records: list[dict], device: dict) -> None:
@@ -244,12 +299,12 @@ def search_suite(name: str, problems: list, out_dir: Path, timing: dict, budget:
         family = specs[0].family if specs else DEFAULT_FAMILY
         seeds = [point_of(spec) for spec in specs if spec.family == family]
         try:
-            s = run_search(problem, space_for(family, problem.dtype), measurer, sampler=sampler, seed=0,
+            s = run_search(problem, space_for(family, problem.dtype, block=problem.block), measurer, sampler=sampler, seed=0,
                            budget=budget, store=store, seeds=seeds, progress=False, versions=versions(),
                            command=f"python3 -m benchmarks.run --suite {name} --search {budget} --sampler {sampler}")
         finally:
             measurer.close()
-        record = {"problem": {**problem.to_dict(), "density": 1.0, "block": None}}
+        record = {"problem": problem_record(problem)}
         if s.best and "median_ms" in s.best:
             b = s.best
             # The search starts from the hand candidates: say how much it added over the best of them.
@@ -279,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search", type=int, metavar="BUDGET", help="search each problem with this budget")
     parser.add_argument("--sampler", default="tpe")
     parser.add_argument("--problems", nargs="+", metavar="KEY", help="only these problems of the suite")
+    parser.add_argument("--match", nargs="+", metavar="TEXT",
+                        help="only the suite's problems whose key contains every TEXT (e.g. bf16 bsr64)")
     args = parser.parse_args(argv)
     timing = dict(DEFAULT_TIMING, reps_min=args.reps_min)
     problems = SUITES[args.suite]
@@ -288,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"not in suite {args.suite}: {', '.join(unknown)}; its problems: {', '.join(sorted(known))}")
         problems = [(p, c) for p, c in problems if p.key in args.problems]
+    if args.match:
+        problems = [(p, c) for p, c in problems if all(t in p.key for t in args.match)]
+        if not problems:
+            parser.error(f"no problem of suite {args.suite} matches {' '.join(args.match)}")
     if args.search:
         results = search_suite(args.suite, problems, args.out, timing, args.search, args.sampler)
     else:

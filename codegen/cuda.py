@@ -113,6 +113,8 @@ class Buffer:
     def upload(self, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
         assert host.nbytes <= self.nbytes
+        if host.nbytes == 0:  # an empty array (no kept blocks): nothing to copy
+            return
         check(driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
 
     def download(self, host: np.ndarray) -> np.ndarray:

@@ -32,21 +32,38 @@ def to_float64(x: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """X, W (and B) uniform in [-1, 1), in storage format. Never zeros."""
+    """X, W (and B) uniform in [-1, 1), in storage format. Never zeros. A block-sparse W comes as
+    its kept blocks ``W[nnzb, block, block]`` (zero past N and K) with ``RP`` and ``CI``, the BSR
+    index arrays of its registered pattern (codegen.sparse)."""
     p = problem
-    out = {
-        "X": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
-        "W": to_storage(rng.uniform(-1, 1, (p.n, p.k)).astype(np.float32), p.dtype),
-    }
+    out = {"X": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype)}
+    if p.sparse:
+        from codegen import sparse
+
+        pattern = sparse.lookup(p)
+        blocks = rng.uniform(-1, 1, (pattern.nnzb, p.block, p.block)).astype(np.float32)
+        out["W"] = to_storage(pattern.gather(pattern.expand(blocks)), p.dtype)  # zero the padding
+        out["RP"], out["CI"] = pattern.indptr, pattern.indices
+    else:
+        out["W"] = to_storage(rng.uniform(-1, 1, (p.n, p.k)).astype(np.float32), p.dtype)
     if p.bias:
         out["B"] = to_storage(rng.uniform(-1, 1, p.n).astype(np.float32), p.dtype)
     return out
 
 
+def dense_w(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """W as a dense [N, K] array in storage format (a block-sparse W expanded, zeros elsewhere)."""
+    if not problem.sparse:
+        return inputs["W"]
+    from codegen import sparse
+
+    return sparse.lookup(problem).expand(inputs["W"])
+
+
 def reference(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """Y in float64 from the (already rounded) inputs."""
     x = to_float64(inputs["X"], problem.dtype)
-    w = to_float64(inputs["W"], problem.dtype)
+    w = to_float64(dense_w(problem, inputs), problem.dtype)
     y = x @ w.T
     if problem.bias:
         y += to_float64(inputs["B"], problem.dtype)[None, :]

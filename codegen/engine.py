@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from codegen import cuda
+from codegen import cuda, sparse
 from codegen.cuda import Buffer, CudaError, Event, Module
-from codegen.data import NAN16, NAN32_HALVES, STORAGE, compare, random_inputs, reference, summarize
+from codegen.data import NAN16, NAN32_HALVES, STORAGE, compare, dense_w, random_inputs, reference, summarize
 from codegen.launch import LaunchPlan
 from codegen.problem import DType, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS")
+POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI")
 FLUSH_BYTES = 256 << 20
 
 
@@ -150,19 +150,22 @@ class Engine:
             self.operands[problem] = Operands(problem, self.rng)
         return self.operands[problem]
 
-    def prepare(self, problem: Problem, baseline: bool, timing: dict) -> dict:
-        """Inputs, float64 reference (cached per problem) and, if asked and torch is there, cuBLAS."""
+    def prepare(self, problem: Problem, baseline: bool, timing: dict, patterns: dict | None = None) -> dict:
+        """Inputs, float64 reference (cached per problem) and, if asked and torch is there, the
+        baselines: cuBLAS, and for a block-sparse W also torch's BSR matmul and 2:4 cuSPARSELt."""
+        for d in (patterns or {}).values():
+            sparse.register(sparse.Pattern.from_dict(d))
         self.operands_for(problem)
         if baseline and problem not in self.baselines:
-            self.baselines[problem] = self._cublas(problem, timing)
+            self.baselines[problem] = self._baselines(problem, timing)
         return self.baselines.get(problem, {})
 
-    def _cublas(self, problem: Problem, timing: dict) -> dict:
+    def _baselines(self, problem: Problem, timing: dict) -> dict:
         try:
             import torch
             import torch.nn.functional as F
         except ImportError:
-            return {"note": "torch is not installed: no cuBLAS baseline"}
+            return {"note": "torch is not installed: no baselines"}
         # cuBLAS in the problem's own arithmetic: TF32 tensor cores for tf32, plain fp32 for fp32.
         torch.backends.cuda.matmul.allow_tf32 = problem.dtype is DType.tf32
         ops = self.operands[problem]
@@ -170,18 +173,64 @@ class Engine:
                   DType.bf16: torch.bfloat16}[problem.dtype]
 
         def tensor(a: np.ndarray):
-            t = torch.from_numpy(a.view(np.int16) if problem.dtype is DType.bf16 else a)
+            t = torch.from_numpy(np.ascontiguousarray(a.view(np.int16) if problem.dtype is DType.bf16 else a))
             return t.cuda().view(tdtype) if problem.dtype is DType.bf16 else t.cuda()
 
-        x, w = tensor(ops.host["X"]), tensor(ops.host["W"])
+        x, w = tensor(ops.host["X"]), tensor(dense_w(problem, ops.host))  # a sparse W expanded: dense cuBLAS
         b = tensor(ops.host["B"]) if problem.bias else None
-        torch.cuda.synchronize()
-        times = self.time_calls(lambda: F.linear(x, w, b), **timing)
-        torch.cuda.synchronize()
-        stats = summarize(times, problem)
-        return {"cublas": {k: stats[k] for k in ("median_ms", "p20_ms", "p80_ms")}}
+        runs = {"cublas": lambda: lambda: F.linear(x, w, b)}  # name -> builder of the timed call
+        notes = []
+        if problem.sparse:
+            runs.update(self._sparse_runs(problem, torch, F, x, w, b, notes))
+        out: dict = {}
+        for name, make in runs.items():
+            try:
+                fn = make()
+                torch.cuda.synchronize()
+                times = self.time_calls(fn, **timing)
+                torch.cuda.synchronize()
+            except Exception as e:  # a baseline torch cannot run here is a note, not a failure
+                notes.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                continue
+            stats = summarize(times, problem)
+            out[name] = {k: stats[k] for k in ("median_ms", "p20_ms", "p80_ms")}
+        if notes:
+            out["note"] = "; ".join(notes)
+        return out
+
+    @staticmethod
+    def _sparse_runs(problem: Problem, torch, F, x, w, b, notes: list) -> dict:
+        """Builders of what a user would run instead on a block-sparse W: torch's BSR matmul on the
+        same W (``W.to_sparse_bsr((B, B)) @ Xᵀ``, which gives Yᵀ) and, for 16-bit types, 2:4
+        semi-structured sparsity through cuSPARSELt (``F.linear`` on a 2:4-pruned W of the same
+        shape: half of W kept whatever the block density)."""
+        runs = {}
+        bs = problem.block
+
+        def bsr():
+            w_bsr = w.to_sparse_bsr((bs, bs))
+            xt = x.t()
+            return (lambda: (w_bsr @ xt).t() + b) if b is not None else (lambda: w_bsr @ xt)
+
+        if problem.n % bs or problem.k % bs:
+            notes.append(f"torch_bsr: needs N and K multiples of the block {bs}")
+        else:
+            runs["torch_bsr"] = bsr
+        if problem.dtype in (DType.fp16, DType.bf16):
+            def semi_structured():
+                from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+                SparseSemiStructuredTensor._FORCE_CUTLASS = False  # cuSPARSELt, not the CUTLASS kernels
+                keep = torch.tensor([1, 1, 0, 0], dtype=w.dtype, device=w.device).repeat(problem.n, problem.k // 4)
+                w24 = to_sparse_semi_structured(torch.rand_like(w) * keep)
+                return lambda: F.linear(x, w24, b)
+
+            runs["cusparselt"] = semi_structured
+        return runs
 
     def evaluate(self, job: dict) -> dict:
+        for d in job.get("patterns", {}).values():
+            sparse.register(sparse.Pattern.from_dict(d))
         problem = Problem.from_dict(job["problem"])
         try:
             module = Module(job["cubin"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from codegen import sparse
 from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
 from codegen.launch import plan
 from codegen.problem import Problem
@@ -40,8 +41,17 @@ def blank_result(status: str, evidence: str) -> dict:
 
 
 def probe_for(problem: Problem) -> Problem:
+    """The odd-shape problem every evaluation of ``problem``'s kernels also runs (for a block-sparse
+    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern)."""
     m, n, k = PROBE
+    if problem.sparse:
+        return sparse.problem_for(m, sparse.probe_pattern(n, k, problem.block), problem.dtype, problem.bias)
     return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+
+
+def patterns(*problems: Problem) -> dict:
+    """The BSR patterns of the block-sparse problems among ``problems``, as plain data for the worker."""
+    return {p.pattern: sparse.lookup(p).to_dict() for p in problems if p.sparse}
 
 
 @dataclass
@@ -115,7 +125,7 @@ class Evaluator:
         self.worker.ensure()
         if (problem, self.worker.starts) not in self._prepared:
             reply = self.worker.request(
-                {"op": "prepare", "problem": problem.to_dict(), "timing": self.timing,
+                {"op": "prepare", "problem": problem.to_dict(), "timing": self.timing, "patterns": patterns(problem),
                  "baseline": self.baseline and problem not in self._baselines},
                 self.prepare_timeout_s,
             )
@@ -139,6 +149,7 @@ class Evaluator:
             "plan": plan(built.spec, problem).to_dict(),
             "probe": probe.to_dict(),
             "probe_plan": plan(built.spec, probe).to_dict(),
+            "patterns": patterns(probe),
             "timing": self.timing,
         }
         reply = self.worker.request(job, self.timeout_s)

@@ -54,7 +54,8 @@ def _serve(conn, ordinal: int) -> None:
             return
         try:
             if op == "prepare":
-                reply = {"baselines": engine.prepare(Problem.from_dict(msg["problem"]), msg["baseline"], msg["timing"])}
+                reply = {"baselines": engine.prepare(Problem.from_dict(msg["problem"]), msg["baseline"], msg["timing"],
+                                                      msg.get("patterns"))}
             elif op == "evaluate":
                 reply = engine.evaluate(msg)
             else:

@@ -70,15 +70,19 @@ def _module(family: str):
     return spaces.get(family)
 
 
-def space_for(family: str, dtype: DType, restricted: bool = False) -> Space:
-    """The family's space for ``dtype``; ``restricted`` narrows it to what sweeps record."""
+def space_for(family: str, dtype: DType, restricted: bool = False, block: int = 0) -> Space:
+    """The family's space for ``dtype`` (and a W block-sparse in ``block``-sized blocks, 0: dense);
+    ``restricted`` narrows it to what sweeps record."""
     module = _module(family)
     takes = getattr(families.get(family), "DTYPES", None)
     if takes is not None and DType(dtype) not in takes:
         raise ValueError(f"the {family} family takes {', '.join(d.value for d in takes)} problems, not "
                          f"{DType(dtype).value} (choose --dtype or another --family)")
-    space = module.space(dtype)
-    return space.restrict(**module.RESTRICTED) if restricted else space
+    space = module.space(dtype, block)
+    if not restricted:
+        return space
+    narrow = {k: [v for v in vs if v in space.dims[k]] for k, vs in module.RESTRICTED.items() if k in space.dims}
+    return space.restrict(**{k: vs for k, vs in narrow.items() if vs})
 
 
 def to_spec(family: str, point: dict, problem: Problem) -> KernelSpec:

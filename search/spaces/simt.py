@@ -9,25 +9,28 @@ from search.space import Space
 NAME = "simt"
 
 
-def space(dtype: DType = DType.fp32) -> Space:
-    return Space(
-        NAME,
-        {
-            "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
-            "bn": (32, 64, 128, 256),
-            "bk": (8, 16, 32, 64, 128),
-            "tm": (1, 2, 4, 8),
-            "tn": (1, 2, 4, 8),
-            "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
-            "pad": (0, 4, 8),
-            "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
-            "stages": (1, 2, 3, 4),
-            "copy": ("reg", "async"),
-            "group_m": (1, 4, 8),
-            "split_k": (1, 2, 4, 8, 16, 32),
-            "reduce": ("atomic", "two_pass"),
-        },
-    )
+def space(dtype: DType = DType.fp32, block: int = 0) -> Space:
+    """With a block-sparse W (``block`` > 0) the block tile spans one block row, so ``bn`` is the
+    block (not sampled), k-tiles divide the block, and tiles go through shared memory."""
+    dims = {
+        "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
+        "bn": (32, 64, 128, 256),
+        "bk": (8, 16, 32, 64, 128),
+        "tm": (1, 2, 4, 8),
+        "tn": (1, 2, 4, 8),
+        "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
+        "pad": (0, 4, 8),
+        "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
+        "stages": (1, 2, 3, 4),
+        "copy": ("reg", "async"),
+        "group_m": (1, 4, 8),
+        "split_k": (1, 2, 4, 8, 16, 32),
+        "reduce": ("atomic", "two_pass"),
+    }
+    if block:
+        del dims["bn"]
+        dims["bk"] = tuple(v for v in dims["bk"] if block % v == 0)
+    return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes (replay recordings use it).
@@ -49,6 +52,8 @@ SEEDS: list[dict] = [
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point of the space onto a spec for the problem (may be an invalid spec)."""
     p = dict(point)
+    if problem.block:
+        p.update(bn=problem.block, block=problem.block)
     lanes_m = p.pop("lanes_m")
     p["reduce"] = p["reduce"] if p["split_k"] > 1 else "none"
     return Spec(dtype=problem.dtype, bias=problem.bias, wm=lanes_m * p["tm"], wn=(32 // lanes_m) * p["tn"], **p)
@@ -57,7 +62,8 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")}
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")
+             if k != "bn" or not spec.block}
     point["lanes_m"] = spec.wm // spec.tm
     point["reduce"] = spec.reduce if spec.split_k > 1 else "atomic"
     return point

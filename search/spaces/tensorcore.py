@@ -9,27 +9,31 @@ from search.space import Space
 NAME = "tensorcore"
 
 
-def space(dtype: DType = DType.bf16) -> Space:
-    """Everything the tensor-core template can express that is worth trying."""
-    return Space(
-        NAME,
-        {
-            "mma": ("mma", "wmma"),
-            "bm": (16, 32, 64, 128, 256),
-            "bn": (16, 32, 64, 128, 256),
-            "bk": (16, 32, 64, 128, 256),
-            "wm": (16, 32, 64),
-            "wn": (16, 32, 64),
-            "warps_k": (1, 2, 4, 8),
-            "stages": (2, 3, 4, 5),
-            "smem": ("swizzle", "pad"),
-            "epilogue": ("direct", "smem"),
-            "group_m": (1, 4, 8, 16),
-            "split_k": (1, 2, 4, 8),
-            "reduce": ("atomic", "two_pass"),
-            "prepass": ("none", "pack"),
-        },
-    )
+def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
+    """Everything the tensor-core template can express that is worth trying. With a block-sparse
+    W (``block`` > 0) the block tile spans one block row, so ``bn`` is the block (not sampled),
+    k-tiles divide the block, and W needs no packing."""
+    dims = {
+        "mma": ("mma", "wmma"),
+        "bm": (16, 32, 64, 128, 256),
+        "bn": (16, 32, 64, 128, 256),
+        "bk": (16, 32, 64, 128, 256),
+        "wm": (16, 32, 64),
+        "wn": (16, 32, 64),
+        "warps_k": (1, 2, 4, 8),
+        "stages": (2, 3, 4, 5),
+        "smem": ("swizzle", "pad"),
+        "epilogue": ("direct", "smem"),
+        "group_m": (1, 4, 8, 16),
+        "split_k": (1, 2, 4, 8),
+        "reduce": ("atomic", "two_pass"),
+        "prepass": ("none", "pack"),
+    }
+    if block:
+        del dims["bn"], dims["prepass"]
+        dims["bk"] = tuple(v for v in dims["bk"] if block % v == 0)
+        dims["wn"] = tuple(v for v in dims["wn"] if block % v == 0)
+    return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
@@ -61,6 +65,8 @@ def to_spec(point: dict, problem: Problem) -> Spec:
     wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, a 16-bit output
     a two-pass split-K, and no split-K no reduction."""
     p = dict(point)
+    if problem.block:
+        p.update(bn=problem.block, prepass="none", block=problem.block)
     if p["mma"] == "wmma":
         p.update(smem="pad", epilogue="smem")
     if p["warps_k"] > 1:
@@ -75,6 +81,6 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in space().dims}
+    point = {k: d[k] for k in space(spec.dtype, spec.block).dims}
     point["reduce"] = spec.reduce if spec.split_k > 1 else "two_pass"
     return point
