@@ -16,16 +16,16 @@ __all__ = ["DeviceLimits", "KernelSpec", "SpecData", "sparse_rules"]
 
 #: Block sizes a block-sparse W may have (codegen.sparse.BLOCKS).
 SPARSE_BLOCKS = (16, 32, 64)
-def sparse_rules(block: int, bn: int, bk: int) -> list[str]:
+def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False) -> list[str]:
     """What a block-sparse variant of any family needs of its tiles: one block row per block tile,
-    whole k-tiles per block."""
+    whole k-tiles per block (or, where the family can, whole blocks per k-tile)."""
     why = []
     if block not in SPARSE_BLOCKS:
         why.append(f"block must be one of {SPARSE_BLOCKS} (0: dense W), got {block}")
     if bn != block:
         why.append(f"a block tile spans one block row: bn must equal the block ({block}), got {bn}")
-    if block % bk:
-        why.append(f"bk {bk} must divide the block ({block})")
+    if block % bk and not (blocks_per_tile and bk % block == 0):
+        why.append(f"bk {bk} must divide the block ({block})" + (" or be a multiple of it" if blocks_per_tile else ""))
     return why
 
 

@@ -51,7 +51,9 @@ def test_sparse_specs_are_named_checked_and_planned(spec):
 
 def test_sparse_rules_refuse_tiles_across_block_rows():
     assert any("bn must equal the block" in w for w in TcSpec(bn=64, bk=32, wm=32, wn=32, block=32).check())
-    assert any("must divide the block" in w for w in TcSpec(bn=16, bk=32, wm=32, wn=16, block=16).check())
+    assert any("must divide the block" in w for w in SimtSpec(bm=64, bn=16, bk=32, wm=32, wn=16, tm=4, tn=4,
+                                                               block=16).check())
+    assert TcSpec(bn=16, bk=64, wm=32, wn=16, block=16).check() == []  # four whole blocks per k-tile
     assert any("prepass" in w for w in TcSpec(bn=32, bk=32, wm=32, wn=32, block=32, prepass="pack").check())
     assert any("stages" in w for w in SimtSpec(bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=0,
                                                block=16).check())
@@ -61,7 +63,10 @@ def test_sparse_rules_refuse_tiles_across_block_rows():
 @pytest.mark.parametrize("family", ["simt", "tensorcore"])
 def test_the_sparse_space_fixes_the_block_row(family):
     space = space_for(family, DType.bf16, block=32)
-    assert "bn" not in space.dims and all(32 % v == 0 for v in space.dims["bk"])
+    assert "bn" not in space.dims
+    # SIMT k-tiles divide the block; tensor-core k-tiles may also hold several whole blocks
+    assert all(32 % v == 0 or (family == "tensorcore" and v % 32 == 0) for v in space.dims["bk"])
+    assert (64 in space.dims["bk"]) == (family == "tensorcore")
     point = next(iter(space.points()))
     spec = to_spec(family, point, PROBLEM)
     assert (spec.bn, spec.block) == (32, 32)

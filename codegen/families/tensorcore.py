@@ -226,7 +226,7 @@ class Spec(SpecData):
         elif self.reduce == "atomic" and self.dtype is not DType.tf32:
             why.append("atomic split-K needs an fp32 output (tf32); use two_pass for 16-bit outputs")
         if self.block:
-            why += sparse_rules(self.block, self.bn, self.bk)
+            why += sparse_rules(self.block, self.bn, self.bk, blocks_per_tile=True)
             if self.prepass != "none":
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if why:
@@ -295,7 +295,8 @@ def template_values(spec: Spec) -> dict:
         wmma_type=WMMA_TYPE[spec.dtype],
         pair_type=PAIR_TYPE[spec.dtype],
         pack_threads=PACK_THREADS,
-        subs=spec.block // spec.bk if spec.block else 0,
+        subs=max(1, spec.block // spec.bk) if spec.block else 0,  # k-tiles per block
+        bpt=max(1, spec.bk // spec.block) if spec.block else 0,  # blocks per k-tile
         # tf32 inputs are rounded where they are read: once by the pack prepass, else per fragment
         round_in_loop=spec.dtype is DType.tf32 and spec.prepass != "pack",
     )

@@ -12,7 +12,7 @@ NAME = "tensorcore"
 def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
     """Everything the tensor-core template can express that is worth trying. With a block-sparse
     W (``block`` > 0) the block tile spans one block row, so ``bn`` is the block (not sampled),
-    k-tiles divide the block, and W needs no packing."""
+    and W needs no packing; a k-tile is part of a block or several whole blocks."""
     dims = {
         "mma": ("mma", "wmma"),
         "bm": (16, 32, 64, 128, 256),
@@ -31,7 +31,6 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
     }
     if block:
         del dims["bn"], dims["prepass"]
-        dims["bk"] = tuple(v for v in dims["bk"] if block % v == 0)
         dims["wn"] = tuple(v for v in dims["wn"] if block % v == 0)
     return Space(NAME, dims)
 

@@ -39,6 +39,10 @@ VARIANTS = [
     TcSpec(dtype=DType.bf16, bm=64, bn=16, bk=16, wm=32, wn=16, stages=4, block=16),
     TcSpec(dtype=DType.tf32, bias=True, bm=64, bn=32, bk=32, wm=32, wn=32, stages=3, split_k=3, reduce="atomic",
            block=32),
+    TcSpec(dtype=DType.bf16, bm=128, bn=16, bk=64, wm=32, wn=16, stages=3, block=16),  # 4 blocks per k-tile
+    TcSpec(dtype=DType.fp16, bias=True, bm=64, bn=32, bk=128, wm=32, wn=32, stages=3, epilogue="direct", split_k=2,
+           reduce="two_pass", block=32),
+    TcSpec(dtype=DType.tf32, bm=64, bn=16, bk=32, wm=32, wn=16, stages=3, block=16),
     TcSpec(dtype=DType.bf16, mma="wmma", smem="pad", epilogue="smem", bm=64, bn=32, bk=32, wm=32, wn=32, block=32),
     SimtSpec(dtype=DType.fp32, bm=128, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, block=64),
     SimtSpec(dtype=DType.fp32, bias=True, bm=64, bn=16, bk=16, wm=32, wn=16, tm=4, tn=4, stages=1, block=16),
