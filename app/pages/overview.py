@@ -100,7 +100,9 @@ def page(store: Store) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Problems")
-        st.dataframe(pd.DataFrame(problems).drop(columns=["id"]), hide_index=True)
+        first = ["key", "block", "density"]  # a block-sparse problem's sparsity beside its key
+        frame = pd.DataFrame(problems).drop(columns=["id"])
+        st.dataframe(frame[first + [c for c in frame.columns if c not in first]], hide_index=True)
     with right:
         st.subheader("Devices")
         st.dataframe(pd.DataFrame(devices).drop(columns=["id"]), hide_index=True)

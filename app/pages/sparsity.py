@@ -50,11 +50,10 @@ def time_chart(points: list[dict]) -> alt.LayerChart:
                       .encode(x=alt.datum(1.0), y="ms:Q", text="label:N"))  # fmt: skip
     semi = [r for r in refs if r["density"] is not None]
     if semi:
-        layers.append(
-            alt.Chart(pd.DataFrame(semi))
-            .mark_point(shape="diamond", size=140, filled=True, color="gray")
-            .encode(x="density:Q", y="ms:Q", tooltip=["baseline", "ms", "measurements"])
-        )
+        at = alt.Chart(pd.DataFrame(semi)).encode(x="density:Q", y="ms:Q")
+        layers.append(at.mark_point(shape="diamond", size=140, filled=True, color="gray")
+                      .encode(tooltip=["baseline", "ms", "measurements"]))  # fmt: skip
+        layers.append(at.mark_text(align="left", dx=9, color="gray").encode(text="baseline:N"))
     return alt.layer(*layers)
 
 
