@@ -145,8 +145,8 @@ class Store:
         add trials, and the first process that knows the pattern fills it in. ValueError: the known
         pattern is not the problem's (other shape, block or density), or another pattern's problem
         has the same key (its 8-character hash prefix collided)."""
-        known = self._known_pattern(p) if p.sparse and p.pattern not in self._patterns_stored else None
-        if known is not None:
+        known = self._known_pattern(p) if p.sparse else None
+        if known is not None and known.hash not in self._patterns_stored:
             self._get_or_create(lambda s: s.get(PatternRow, known.hash), lambda: pattern_row(known))
             self._patterns_stored.add(known.hash)
         row = self._get_or_create(
@@ -467,7 +467,8 @@ class Store:
     def find_problem(self, key: str) -> ProblemKey | None:
         """The problem stored under ``key``, rebuilt (None: no such problem). A block-sparse one's
         pattern is registered in this process when the store keeps its structure, so that it can
-        be evaluated again (``codegen.sparse.lookup`` finds it)."""
+        be evaluated again (``codegen.sparse.lookup`` finds it). ValueError: a row this version
+        cannot rebuild."""
         found = [p for p in self.problems() if p["key"] == key]
         if not found:
             return None
