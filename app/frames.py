@@ -8,7 +8,7 @@ import pandas as pd
 
 SPEC_PREFIX = "spec."
 TRIAL_COLUMNS = [
-    "id", "problem", "status", "tflops", "median_ms", "gbps", "ratio_cublas", "rel_error", "p20_ms", "p80_ms",
+    "id", "problem", "block", "density", "status", "tflops", "median_ms", "gbps", "ratio_cublas", "rel_error", "p20_ms", "p80_ms",
     "kernel", "device", "recorded", "family", "run_id", "number", "evidence", "created",
 ]  # fmt: skip
 

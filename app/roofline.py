@@ -38,16 +38,29 @@ def ceilings_for(device_name: str) -> DeviceCeilings | None:
     return CEILINGS.get(measured_on(device_name).strip().lower())
 
 
+def problem_of(row: dict) -> Problem:
+    """The problem of a trial row, sized as the store keeps it: a block-sparse row's flops and
+    bytes count its kept blocks only (Problem.flops and min_bytes include the density). The
+    pattern hash only names the problem; a row without one (an older store) is sized all the same.
+    ValueError: a dtype or field this version does not know."""
+    block = int(row.get("block") or 0)
+    density = row.get("density")
+    sparsity = {"block": block, "density": 1.0 if density is None else float(density),
+                "pattern": row.get("pattern") or "unrecorded"} if block else {}  # fmt: skip
+    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), dtype=row["dtype"], bias=bool(row["bias"]),
+                   **sparsity)  # fmt: skip
+
+
 def place(row: dict) -> dict[str, object]:
-    """Roofline place of one trial row (needs m, n, k, dtype, bias, density, device, tflops, gbps)."""
+    """Roofline place of one trial row (needs m, n, k, dtype, bias, device, tflops, gbps; block,
+    density and pattern for a block-sparse problem)."""
     out: dict[str, object] = {"intensity": None, "bound": None, "of_compute": None, "of_bandwidth": None,
                               "of_roofline": None, "ceilings": "unknown for this device"}  # fmt: skip
     try:
-        problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), dtype=row["dtype"], bias=bool(row["bias"]))
+        problem = problem_of(row)
     except ValueError:  # a dtype this version does not know
         return out
-    flops = problem.flops * float(row.get("density") or 1.0)
-    intensity = flops / problem.min_bytes
+    intensity = problem.flops / problem.min_bytes
     out["intensity"] = intensity
     limits = ceilings_for(str(row["device"]))
     compute = limits.compute.get(str(row["dtype"])) if limits else None
@@ -62,6 +75,6 @@ def place(row: dict) -> dict[str, object]:
         f"({limits.bandwidth.source})",
         of_compute=tflops / compute.value if tflops is not None else None,
         of_bandwidth=gbps / (limits.bandwidth.value * 1000.0) if gbps is not None else None,
-        of_roofline=tflops / attainable if tflops is not None else None,
+        of_roofline=tflops / attainable if tflops is not None and attainable > 0 else None,  # 0: an all-zero W
     )
     return out

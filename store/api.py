@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self, TypeVar
@@ -11,12 +12,22 @@ from sqlalchemy import Engine, func, inspect, make_url, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from codegen import sparse
 from codegen.problem import Problem as ProblemKey
 from store import coord, queries
 from store.db import ReadOnlyError, default_url, is_sqlite, make_engine, setup_lock, sqlite_path
-from store.migrate import upgrade
+from store.migrate import has_pattern_column, upgrade
 from store.models import Base, Device, Kernel, Problem, Run, RunState, Trial
-from store.records import device_dict, kernel_dict, problem_dict, result_dict
+from store.models import Pattern as PatternRow
+from store.records import (
+    device_dict,
+    kernel_dict,
+    pattern_dict,
+    pattern_of,
+    pattern_row,
+    problem_dict,
+    result_dict,
+)
 
 T = TypeVar("T")
 KERNEL_FIELDS = ("family", "spec", "source", "options", "report", "log")
@@ -29,7 +40,12 @@ class Store:
     and, for SQLite, opens the file with ``mode=ro`` (a missing file raises ``DatabaseMissing``).
     A kernel is (name, arch, source_hash): a trial is attached to the source it measured, and
     results are reused only for the same source. A store written by an older gemmscape is
-    upgraded when opened for writing (``upgraded`` lists what changed; see store.migrate).
+    upgraded when opened for writing (``upgraded`` lists what changed; see store.migrate), and
+    read as it is when opened read-only.
+
+    A block-sparse problem is stored with its block, density and pattern hash; the pattern's
+    structure goes to ``gs_patterns`` when this process knows it (``codegen.sparse.lookup``), and
+    ``pattern(hash)`` gives it back to another process.
     """
 
     def __init__(self, url: str | None = None, read_only: bool = False) -> None:
@@ -39,9 +55,13 @@ class Store:
         self.upgraded: list[str] = []
         if not read_only:
             with self.setup_lock():  # processes starting together take turns at CREATE and upgrade
+                self.upgraded = upgrade(self.engine)  # first, so that it reports the tables it adds
                 Base.metadata.create_all(self.engine)
-                self.upgraded = upgrade(self.engine)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # An older store opened read-only lacks the pattern column: its reads leave it out.
+        no_pattern = not has_pattern_column(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False,
+                                      info={queries.NO_PATTERN_COLUMN: no_pattern})
+        self._patterns_stored: set[str] = set()  # hashes whose structure this Store has seen stored
 
     # ---- plumbing ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -115,15 +135,44 @@ class Store:
         return row.id
 
     def problem(self, p: ProblemKey) -> int:
-        """Get or create a problem by ``p.key``; ``density``/``block`` are read when ``p`` has them."""
+        """Get or create a problem by ``p.key``; returns its id.
+
+        A dense problem is stored with ``block`` NULL, density 1 and no pattern. A block-sparse one
+        keeps its block, density (0 too) and pattern hash; the pattern's structure is stored once
+        (``gs_patterns``) when this process knows it (``codegen.sparse.lookup``). One it does not
+        know is stored with its hash alone, not refused: a process that rebuilt the problem from a
+        stored row (export, the dashboard, a resumed search) has no need of the structure to read or
+        add trials, and the first process that knows the pattern fills it in. ValueError: the known
+        pattern is not the problem's (other shape, block or density), or another pattern's problem
+        has the same key (its 8-character hash prefix collided)."""
+        known = self._known_pattern(p) if p.sparse else None
+        if known is not None and known.hash not in self._patterns_stored:
+            self._get_or_create(lambda s: s.get(PatternRow, known.hash), lambda: pattern_row(known))
+            self._patterns_stored.add(known.hash)
         row = self._get_or_create(
             lambda s: s.scalar(select(Problem).where(Problem.key == p.key)),
             lambda: Problem(
                 key=p.key, m=p.m, n=p.n, k=p.k, dtype=p.dtype.value, layout=p.layout.value, bias=p.bias,
-                density=float(getattr(p, "density", 1.0)), block=getattr(p, "block", 0) or None,
+                density=p.density, block=p.block or None, pattern=p.pattern or None,
             ),
         )  # fmt: skip
+        if (row.pattern or "") != p.pattern:
+            raise ValueError(f"problem {p.key}: the store holds it with pattern {row.pattern!r}, not {p.pattern!r} "
+                             "(two patterns share the key's hash prefix)")
         return row.id
+
+    @staticmethod
+    def _known_pattern(p: ProblemKey) -> sparse.Pattern | None:
+        """The registered pattern of a sparse problem, checked against it; None when not registered."""
+        try:
+            pattern = sparse.lookup(p)
+        except LookupError:
+            return None
+        if (pattern.n, pattern.k, pattern.block) != (p.n, p.k, p.block) or not math.isclose(
+                pattern.density, p.density, rel_tol=1e-9, abs_tol=1e-12):
+            raise ValueError(f"problem {p.key}: its pattern {pattern.hash} is {pattern.n}x{pattern.k} in "
+                             f"{pattern.block}x{pattern.block} blocks at density {pattern.density:g}, not the problem's")
+        return pattern
 
     def kernel(self, record: dict[str, Any]) -> int:
         """Upsert a kernel by (name, arch, source_hash); fields given later (source, report, log)
@@ -408,10 +457,45 @@ class Store:
             ]  # fmt: skip
 
     def problems(self) -> list[dict[str, Any]]:
+        """Every problem: key, m, n, k, dtype, layout, bias, density, block (None: dense) and
+        pattern (the hash; None: dense, or a store from before block-sparse W)."""
         if not self.ready:
             return []
         with self._read() as session:
-            return [problem_dict(p) for p in session.scalars(select(Problem).order_by(Problem.key))]
+            return [problem_dict(p) for p in session.scalars(queries.problems(session))]
+
+    def find_problem(self, key: str) -> ProblemKey | None:
+        """The problem stored under ``key``, rebuilt (None: no such problem). A block-sparse one's
+        pattern is registered in this process when the store keeps its structure, so that it can
+        be evaluated again (``codegen.sparse.lookup`` finds it). ValueError: a row this version
+        cannot rebuild."""
+        found = [p for p in self.problems() if p["key"] == key]
+        if not found:
+            return None
+        problem = ProblemKey.from_dict(found[0])
+        if problem.sparse:
+            self.pattern(problem.pattern, register=True)
+        return problem
+
+    def pattern(self, pattern_hash: str, register: bool = False) -> sparse.Pattern | None:
+        """The block-sparse pattern stored under its hash (None: not stored, or a store from before
+        block-sparse W); ``register`` also makes it known in this process (codegen.sparse.register).
+        ValueError: the stored row does not rebuild into the pattern of its hash."""
+        if not pattern_hash or not inspect(self.engine).has_table(PatternRow.__tablename__):
+            return None
+        with self._read() as session:
+            row = session.get(PatternRow, pattern_hash)
+            found = pattern_of(row) if row is not None else None
+        if found is not None and register:
+            sparse.register(found)
+        return found
+
+    def patterns(self) -> list[dict[str, Any]]:
+        """Summaries of the stored patterns (hash, n, k, block, nnzb, density, created), by hash."""
+        if not inspect(self.engine).has_table(PatternRow.__tablename__):
+            return []
+        with self._read() as session:
+            return [pattern_dict(r) for r in session.scalars(select(PatternRow).order_by(PatternRow.hash))]
 
     def find_device(self, name_or_id: str) -> dict[str, Any] | None:
         """The device whose id (digits) or exact name is ``name_or_id``; else the one device whose

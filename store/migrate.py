@@ -1,11 +1,16 @@
 """Schema upgrades, applied when a store is opened for writing (a read-only open changes nothing).
 
-One so far: stores written before kernels were identified by their source keep kernels unique on
-(name, arch). Opened for writing, such a store is upgraded in place to unique (name, arch,
-source_hash); rows, ids and trials are kept as they are. SQLite cannot drop a constraint, so the
-kernels table is rebuilt in one transaction (create, copy, drop, rename, indexes, foreign-key
-check); PostgreSQL swaps the constraint. Opened read-only, an old store reads as before: the
-columns are the same, only what may be written next differs.
+1. Stores written before kernels were identified by their source keep kernels unique on
+   (name, arch). Opened for writing, such a store is upgraded in place to unique (name, arch,
+   source_hash); rows, ids and trials are kept as they are. SQLite cannot drop a constraint, so the
+   kernels table is rebuilt in one transaction (create, copy, drop, rename, indexes, foreign-key
+   check); PostgreSQL swaps the constraint. Opened read-only, such a store reads as before: the
+   columns are the same, only what may be written next differs.
+2. Stores written before block-sparse W have no ``pattern`` column on ``gs_problems`` and no
+   ``gs_patterns`` table. Opened for writing, the column is added (NULL: every existing problem is
+   dense, or was stored without its pattern) and the table created; no row changes. Opened
+   read-only, such a store reads as before with ``pattern`` None on every problem: the reads leave
+   the missing column out (``has_pattern_column``), and ``Store.pattern`` finds no table.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from __future__ import annotations
 from sqlalchemy import Engine, MetaData, inspect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from store.models import KERNEL_IDENTITY, Kernel
+from store.models import KERNEL_IDENTITY, Kernel, Pattern, Problem
 
-__all__ = ["outdated", "upgrade"]
+__all__ = ["has_pattern_column", "outdated", "upgrade"]
 
 OLD_KERNEL_IDENTITY = ("name", "arch")
 
@@ -31,25 +36,69 @@ def _old_constraint(engine: Engine) -> str | None:
     return None
 
 
-def outdated(engine: Engine) -> list[str]:
-    """What upgrade() would change, in words (empty: the schema is current)."""
+def has_pattern_column(engine: Engine) -> bool:
+    """Whether the problems table has its ``pattern`` column (True when there is no such table yet:
+    nothing to leave out of a read)."""
+    insp = inspect(engine)
+    if not insp.has_table(Problem.__tablename__):
+        return True
+    return any(c["name"] == "pattern" for c in insp.get_columns(Problem.__tablename__))
+
+
+def _kernel_change(engine: Engine) -> str | None:
     name = _old_constraint(engine)
     if name is None:
-        return []
-    return [f"{Kernel.__tablename__}: unique {name} on (name, arch) becomes {KERNEL_IDENTITY} on "
-            f"(name, arch, source_hash)"]
+        return None
+    return (f"{Kernel.__tablename__}: unique {name} on (name, arch) becomes {KERNEL_IDENTITY} on "
+            f"(name, arch, source_hash)")
+
+
+def _sparse_changes(engine: Engine) -> list[str]:
+    insp = inspect(engine)
+    if not insp.has_table(Problem.__tablename__):
+        return []  # not a gemmscape store (yet): create_all makes the tables as they are now
+    changes = []
+    if not has_pattern_column(engine):
+        changes.append(f"{Problem.__tablename__}: new column pattern (the hash of a block-sparse W's pattern)")
+    if not insp.has_table(Pattern.__tablename__):
+        changes.append(f"{Pattern.__tablename__}: new table (the structure of each block-sparse pattern)")
+    return changes
+
+
+def outdated(engine: Engine) -> list[str]:
+    """What upgrade() would change, in words (empty: the schema is current)."""
+    kernels = _kernel_change(engine)
+    return ([kernels] if kernels else []) + _sparse_changes(engine)
 
 
 def upgrade(engine: Engine) -> list[str]:
-    """Bring an older store's schema up to date; returns what was done (empty when nothing was)."""
+    """Bring an older store's schema up to date; returns what was done (empty when nothing was).
+    Called under the setup lock (store.db.setup_lock), so processes opening one store take turns."""
     done = outdated(engine)
     if not done:
         return []
-    if engine.dialect.name == "sqlite":
-        _rebuild_sqlite_kernels(engine)
-    else:
-        _swap_constraint(engine, _old_constraint(engine) or "")
+    if _kernel_change(engine) is not None:
+        if engine.dialect.name == "sqlite":
+            _rebuild_sqlite_kernels(engine)
+        else:
+            _swap_constraint(engine, _old_constraint(engine) or "")
+    if _sparse_changes(engine):
+        _add_sparse(engine)
     return done
+
+
+def _add_sparse(engine: Engine) -> None:
+    """The pattern column and the patterns table. PostgreSQL and SQLite both add a nullable column
+    in place (no row is rewritten). Each step checks first, so a store upgraded halfway (a process
+    killed between the two) is finished by the next open for writing."""
+    q = engine.dialect.identifier_preparer.quote
+    column = Problem.__table__.c.pattern
+    ddl = (f"ALTER TABLE {q(Problem.__tablename__)} ADD COLUMN {q(column.name)} "
+           f"{column.type.compile(dialect=engine.dialect)}")
+    with engine.begin() as conn:
+        if not any(c["name"] == column.name for c in inspect(conn).get_columns(Problem.__tablename__)):
+            conn.exec_driver_sql(ddl)
+        Pattern.__table__.create(conn, checkfirst=True)
 
 
 def _swap_constraint(engine: Engine, old_name: str) -> None:

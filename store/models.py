@@ -9,7 +9,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: Name of the unique constraint that makes a kernel's identity (name, arch, source_hash).
@@ -36,6 +48,10 @@ class Device(Base):
 
 
 class Problem(Base):
+    """A problem as ``codegen.problem.Problem`` keys it. A dense W has ``block`` NULL, density 1 and no
+    pattern; a block-sparse W has its block size, the density of kept blocks (0 allowed: an all-zero
+    W) and the hash of its pattern, whose structure ``gs_patterns`` keeps when it was known."""
+
     __tablename__ = "gs_problems"
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -48,6 +64,27 @@ class Problem(Base):
     bias: Mapped[bool] = mapped_column(Boolean, default=False)
     density: Mapped[float] = mapped_column(Float, default=1.0)
     block: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: codegen.sparse.Pattern.hash of the kept blocks; NULL for a dense W (added by store.migrate).
+    pattern: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Pattern(Base):
+    """The structure of one block-sparse pattern (codegen.sparse.Pattern): which blocks of an
+    ``n x k`` W are kept, in BSR form. ``indptr`` and ``indices`` are int32 little-endian arrays,
+    zlib-compressed (store.records.pack_indices). Written when a sparse problem is first stored in
+    a process that knows its pattern, so that another process can rebuild it (Store.pattern)."""
+
+    __tablename__ = "gs_patterns"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)
+    block: Mapped[int] = mapped_column(Integer)
+    nnzb: Mapped[int] = mapped_column(Integer)
+    density: Mapped[float] = mapped_column(Float)
+    indptr: Mapped[bytes] = mapped_column(LargeBinary)
+    indices: Mapped[bytes] = mapped_column(LargeBinary)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Kernel(Base):

@@ -6,10 +6,27 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Select, case, func, select
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import InstrumentedAttribute, Session, defer, joinedload
+from sqlalchemy.orm.interfaces import LoaderOption
 
 from store.models import Kernel, Problem, Run, Trial
 from store.records import run_dict, trial_dict
+
+#: ``Session.info`` key, set when the problems table has no ``pattern`` column (a store written
+#: before block-sparse W, opened read-only): reads leave the column out, rows say None.
+NO_PATTERN_COLUMN = "gemmscape_no_pattern_column"
+
+
+def _joined_problem(session: Session, relationship: InstrumentedAttribute[Any]) -> LoaderOption:
+    """Problem rows loaded along ``relationship`` in the same query, leaving out a column the store lacks."""
+    load = joinedload(relationship)
+    return load.defer(Problem.pattern, raiseload=True) if session.info.get(NO_PATTERN_COLUMN) else load
+
+
+def problems(session: Session) -> Select[tuple[Problem]]:
+    """Every problem row, by key."""
+    q = select(Problem).order_by(Problem.key)
+    return q.options(defer(Problem.pattern, raiseload=True)) if session.info.get(NO_PATTERN_COLUMN) else q
 
 
 def _as_list(value: str | Iterable[str] | None) -> list[str] | None:
@@ -62,8 +79,9 @@ def kernel_identity(name: str, arch: str, source_hash: str | None) -> Select[tup
     return q.where(Kernel.source_hash.is_(None) if source_hash is None else Kernel.source_hash == source_hash)
 
 
-def _eager(q: Select[tuple[Trial]]) -> Select[tuple[Trial]]:
-    return q.options(joinedload(Trial.kernel), joinedload(Trial.problem), joinedload(Trial.device))
+def _eager(session: Session, q: Select[tuple[Trial]]) -> Select[tuple[Trial]]:
+    return q.options(joinedload(Trial.kernel), _joined_problem(session, Trial.problem),
+                     joinedload(Trial.device))
 
 
 def params_match(params: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -74,7 +92,7 @@ def params_match(params: dict[str, Any], wanted: dict[str, Any]) -> bool:
 def trial_rows(
     session: Session, q: Select[tuple[Trial]], params: dict[str, Any] | None, limit: int | None
 ) -> list[dict[str, Any]]:
-    q = _eager(q).order_by(Trial.run_id, Trial.number, Trial.id)
+    q = _eager(session, q).order_by(Trial.run_id, Trial.number, Trial.id)
     if limit is not None and not params:
         q = q.limit(limit)
     rows = [trial_dict(t) for t in session.scalars(q).unique()]
@@ -117,8 +135,8 @@ def best_rows(
         .join(Trial.problem)
         .where(ranked.c.rank <= per_problem)
         .order_by(Problem.key, Trial.device_id, ranked.c.rank)
-        .options(joinedload(Trial.kernel), joinedload(Trial.problem), joinedload(Trial.device))
     )
+    q = _eager(session, q)
     if limit is not None:
         q = q.limit(limit)
     rows = []
@@ -141,7 +159,8 @@ def run_rows(session: Session) -> list[dict[str, Any]]:
         .group_by(Trial.run_id)
     )
     counts = {row.run_id: row._asdict() for row in session.execute(stats)}
-    runs = session.scalars(select(Run).options(joinedload(Run.problem), joinedload(Run.device)).order_by(Run.id))
+    load = (_joined_problem(session, Run.problem), joinedload(Run.device))
+    runs = session.scalars(select(Run).options(*load).order_by(Run.id))
     return [run_dict(r, counts.get(r.id)) for r in runs]
 
 

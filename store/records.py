@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import zlib
 from datetime import datetime
 from typing import Any
 
-from store.models import Device, Kernel, Problem, Run, Trial
+import numpy as np
+from sqlalchemy import inspect
+
+from codegen.sparse import Pattern as SparsePattern
+from store.models import Device, Kernel, Pattern, Problem, Run, Trial
 
 RESULT_KEYS = (
     "status", "evidence", "median_ms", "p20_ms", "p80_ms", "times_ms",
@@ -42,11 +47,53 @@ def device_dict(d: Device) -> dict[str, Any]:
             "recorded": is_recorded(d.name)}
 
 
+def pattern_hash(p: Problem) -> str | None:
+    """The problem's pattern hash; None for a dense problem, and for every problem of an older
+    store opened read-only (its reads leave the missing column unloaded, see store.queries)."""
+    if "pattern" in inspect(p).unloaded:
+        return None
+    return p.pattern
+
+
 def problem_dict(p: Problem) -> dict[str, Any]:
     return {
         "id": p.id, "key": p.key, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
-        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block,
+        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, "pattern": pattern_hash(p),
     }  # fmt: skip
+
+
+# ---- block-sparse patterns ----------------------------------------------------------------------
+def pack_indices(values: np.ndarray) -> bytes:
+    """int32 little-endian, zlib-compressed: how ``gs_patterns`` keeps indptr and indices."""
+    return zlib.compress(np.ascontiguousarray(values, dtype="<i4").tobytes())
+
+
+def unpack_indices(blob: bytes) -> np.ndarray:
+    return np.frombuffer(zlib.decompress(blob), dtype="<i4").astype(np.int32)
+
+
+def pattern_row(pattern: SparsePattern) -> Pattern:
+    return Pattern(hash=pattern.hash, n=pattern.n, k=pattern.k, block=pattern.block, nnzb=pattern.nnzb,
+                   density=pattern.density, indptr=pack_indices(pattern.indptr),
+                   indices=pack_indices(pattern.indices))  # fmt: skip
+
+
+def pattern_of(row: Pattern) -> SparsePattern:
+    """The codegen.sparse.Pattern a row keeps; ValueError when the row does not rebuild into the
+    pattern of its hash (a damaged row)."""
+    from codegen.sparse import Pattern as SparsePattern
+
+    pattern = SparsePattern(row.n, row.k, row.block, unpack_indices(row.indptr), unpack_indices(row.indices))
+    if pattern.hash != row.hash or pattern.nnzb != row.nnzb:
+        raise ValueError(f"stored pattern {row.hash} rebuilds into {pattern.hash} with {pattern.nnzb} blocks "
+                         f"(stored: {row.nnzb}): the row is damaged")
+    return pattern
+
+
+def pattern_dict(row: Pattern) -> dict[str, Any]:
+    """A pattern's summary (no structure): hash, n, k, block, nnzb, density, created."""
+    return {"hash": row.hash, "n": row.n, "k": row.k, "block": row.block, "nnzb": row.nnzb, "density": row.density,
+            "created": _iso(row.created)}  # fmt: skip
 
 
 def kernel_dict(k: Kernel) -> dict[str, Any]:
@@ -74,7 +121,7 @@ def trial_dict(t: Trial) -> dict[str, Any]:
         "kernel": t.kernel.name, "family": t.kernel.family, "arch": t.kernel.arch,
         "source_hash": t.kernel.source_hash,
         "problem": p.key, "problem_id": p.id, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
-        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block,
+        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, "pattern": pattern_hash(p),
         "device": t.device.name, "device_id": t.device_id, "recorded": is_recorded(t.device.name),
         "ratio_cublas": t.ratio_cublas,
         "params": dict(t.params or {}),

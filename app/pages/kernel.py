@@ -50,6 +50,8 @@ def timing_spread(store: Store, name: str, source_hash: str | None) -> None:
     columns = [
         "id",
         "problem",
+        "block",
+        "density",
         "device",
         "median_ms",
         "p20_ms",

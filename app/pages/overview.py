@@ -23,14 +23,15 @@ def best_table(best: list[dict]) -> pd.DataFrame:
     for b in best:
         where = place(b)
         rows.append({
-            "problem": b["problem"], "device": b["device"],
+            "problem": b["problem"], "block": b.get("block"), "density": b.get("density"), "device": b["device"],
             "measured": "recording (replayed)" if b.get("recorded") else "live", "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
             "of roofline": ui.pct(where["of_roofline"]), "bound": where["bound"] or "–",
             "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
             "median ms": b["median_ms"], "kernel": b["kernel"], "ceilings": where["ceilings"],
         })  # fmt: skip
     table = pd.DataFrame(rows)
-    return pd.concat([table.iloc[:, :6], ratio_columns(best), table.iloc[:, 6:]], axis=1)
+    split = list(table.columns).index("of roofline") + 1  # the ratios to baselines follow the roofline place
+    return pd.concat([table.iloc[:, :split], ratio_columns(best), table.iloc[:, split:]], axis=1)
 
 
 def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
@@ -84,8 +85,10 @@ def page(store: Store) -> None:
         st.info("No trial has finished ok yet: see the Failures page for what went wrong.")
     else:
         st.dataframe(best_table(best), hide_index=True, width="stretch", column_config=NUMBER_FORMATS)
-        st.caption("Roofline place: measured TFLOP/s against min(compute peak, FLOP/byte × bandwidth). "
-                   "`vs cublas` = cuBLAS median / ours, above 1 means we are faster.")  # fmt: skip
+        st.caption("Roofline place: measured TFLOP/s against min(compute peak, FLOP/byte × bandwidth); a block-sparse "
+                   "problem (block, density of kept blocks) counts the work and bytes of its kept blocks only. "
+                   "`vs cublas` = cuBLAS median / ours, above 1 means we are faster (for a block-sparse problem: "
+                   "dense cuBLAS on the full W).")  # fmt: skip
         for device in sorted({b["device"] for b in best}):
             chart = roofline_chart(best, device)
             if chart is None:
@@ -97,7 +100,9 @@ def page(store: Store) -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Problems")
-        st.dataframe(pd.DataFrame(problems).drop(columns=["id"]), hide_index=True)
+        first = ["key", "block", "density"]  # a block-sparse problem's sparsity beside its key
+        frame = pd.DataFrame(problems).drop(columns=["id"])
+        st.dataframe(frame[first + [c for c in frame.columns if c not in first]], hide_index=True)
     with right:
         st.subheader("Devices")
         st.dataframe(pd.DataFrame(devices).drop(columns=["id"]), hide_index=True)

@@ -1,14 +1,18 @@
-"""The app tests' fixture database, built through store's own API, and the pages to visit."""
+"""The app tests' fixture database, built through store's own API, and the pages to visit.
+
+Every figure recorded here (times, rates, errors, baselines, ratios) is synthetic: made up for the
+tests, never measured on any GPU, whatever the device rows are called.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
+from codegen.sparse import Pattern, problem_for
 from store import Store
 
 H200 = {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"}
@@ -20,26 +24,32 @@ SOURCE = 'extern "C" __global__ void k(float* y) {\n  // <b>not html</b>\n  y[0]
 SOURCE_HASH = hashlib.sha256(SOURCE.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class SparseProblem(Problem):
-    """Stands in for the block-sparse problem type until codegen has one."""
+#: Synthetic sparse results: (dtype, block) -> (density, speedup over dense cuBLAS, torch BSR's speedup).
+SPARSE = {
+    (DType.fp32, 32): ((0.1, 2.5, 1.6), (0.25, 1.4, 0.9), (0.5, 0.8, 0.5)),
+    (DType.fp32, 64): ((0.0, 20.0, 8.0), (0.1, 3.0, 2.0), (0.25, 1.8, 1.2), (0.5, 1.1, 0.7)),
+    (DType.fp16, 32): ((0.25, 1.2, 0.8), (0.5, 0.7, 0.4)),
+}
+#: Synthetic dense cuBLAS and cuSPARSELt 2:4 times (ms) of the sparse shape, per dtype (no 2:4 for fp32).
+DENSE_MS = {DType.fp32: 1.0, DType.fp16: 0.5}
+CUSPARSELT_MS = {DType.fp16: 0.35}
+SPARSE_SHAPE = (2048, 2048, 2048)
 
-    density: float = 1.0
-    block: int | None = None
 
-    @property
-    def key(self) -> str:
-        return f"{super().key}_d{self.density:g}_b{self.block}"
+def sparse_problem(dtype: DType, block: int, density: float) -> Problem:
+    m, n, k = SPARSE_SHAPE
+    return problem_for(m, Pattern.random(n, k, block, density, seed=block), dtype)
 
 
-def ok(ms: float, problem: Problem, cublas_ms: float) -> dict:
-    tflops = problem.flops * getattr(problem, "density", 1.0) / (ms * 1e-3) / 1e12
+def ok(ms: float, problem: Problem, cublas_ms: float, **others: float) -> dict:
+    """A synthetic ok result; ``others`` are more baselines' times (name -> ms)."""
+    baselines = {"cublas": cublas_ms, **others}
     return {
         "status": "ok", "evidence": "", "median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.03,
-        "times_ms": [ms * f for f in (0.97, 0.98, 1.0, 1.01, 1.05)], "tflops": tflops,
+        "times_ms": [ms * f for f in (0.97, 0.98, 1.0, 1.01, 1.05)], "tflops": problem.flops / (ms * 1e-3) / 1e12,
         "gbps": problem.min_bytes / (ms * 1e-3) / 1e9, "rel_error": 2e-7,
-        "baselines": {"cublas": {"median_ms": cublas_ms, "p20_ms": cublas_ms, "p80_ms": cublas_ms}},
-        "ratio": {"cublas": cublas_ms / ms},
+        "baselines": {name: {"median_ms": t, "p20_ms": t, "p80_ms": t} for name, t in baselines.items()},
+        "ratio": {name: t / ms for name, t in baselines.items()},
     }  # fmt: skip
 
 
@@ -89,12 +99,16 @@ def build(url: str, sparse: bool = True) -> None:
                     source_hash=SOURCE_HASH)
     store.add_trial(None, bench.name, "sm_90", SKINNY, other, None, ok(0.08, SKINNY, 0.03), bench.to_dict(),
                     source_hash=SOURCE_HASH)
-    for block, speedups in () if not sparse else ((32, (2.5, 1.4, 0.8)), (64, (3.0, 1.8, 1.1))):
-        for density, speedup in zip((0.1, 0.25, 0.5), speedups, strict=True):
-            problem = SparseProblem(2048, 2048, 2048, density=density, block=block)
-            spec = variant(block // 32)
-            store.add_trial(None, spec.name, "sm_90", problem, h200, None, ok(1.0 / speedup, problem, 1.0),
-                            spec.to_dict(), source_hash=SOURCE_HASH)  # fmt: skip
+    for (dtype, block), points in SPARSE.items() if sparse else ():
+        dense = DENSE_MS[dtype]
+        semi = {"cusparselt": CUSPARSELT_MS[dtype]} if dtype in CUSPARSELT_MS else {}
+        spec = variant(block // 32, dtype)
+        store.kernel(record(spec))
+        for density, speedup, torch_speedup in points:
+            problem = sparse_problem(dtype, block, density)
+            result = ok(dense / speedup, problem, dense, torch_bsr=dense / torch_speedup, **semi)
+            store.add_trial(None, spec.name, "sm_90", problem, h200, None, result, spec.to_dict(),
+                            source_hash=SOURCE_HASH)  # fmt: skip
     store.close()
 
 

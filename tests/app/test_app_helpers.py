@@ -8,7 +8,9 @@ from app import launch
 from app.frames import best_so_far, filter_param, trials_frame
 from app.importance import param_importances
 from app.roofline import place
-from app.sparsity import break_even
+from app.sparsity import break_even, break_even_table, references, sparse_points, speedup_series, time_series
+from codegen.problem import Problem
+from codegen.sparse import Pattern, problem_for
 
 
 def test_launch_binds_loopback_headless_and_passes_the_database() -> None:
@@ -38,6 +40,24 @@ def test_roofline_place_on_the_h200() -> None:
     assert skinny["bound"] == "memory"
     assert skinny["of_bandwidth"] == pytest.approx(1700 / 4270)
     assert skinny["of_roofline"] == pytest.approx(55.6 / (skinny["intensity"] * 4.27))
+
+
+def test_roofline_counts_a_sparse_problems_kept_blocks_once() -> None:
+    quarter = place(row(block=32, density=0.25, pattern="ab" * 8, tflops=10.0))
+    n = 4096 * 4096
+    flops = 2.0 * 4096**3 * 0.25  # the useful work, density counted once
+    nbytes = (n + 0.25 * n + n) * 4 + 4 * 0.25 * n / (32 * 32)  # X, kept blocks of W, Y; the block indices
+    assert quarter["intensity"] == pytest.approx(flops / nbytes)
+    real = problem_for(4096, Pattern.random(4096, 4096, 32, 0.25), "fp32")
+    assert quarter["intensity"] == pytest.approx(real.flops / real.min_bytes)
+    assert place(row(block=32, density=0.25))["intensity"] == quarter["intensity"]  # no hash: sized the same
+    assert quarter["of_roofline"] == pytest.approx(10.0 / min(67.0, quarter["intensity"] * 4.27))
+
+
+def test_roofline_of_an_all_zero_w() -> None:
+    empty = place(row(block=64, density=0.0, pattern="0" * 16, tflops=0.0))
+    assert empty["intensity"] == 0.0 and empty["bound"] == "memory" and empty["of_roofline"] is None
+    assert empty["of_bandwidth"] == pytest.approx(68.0 / 4270)
 
 
 def test_roofline_unknown_device_says_so() -> None:
@@ -80,3 +100,72 @@ def test_importances_need_enough_varying_trials() -> None:
     found, note = param_importances(rows)
     assert set(found) == {"bm", "pad"} and sum(found.values()) == pytest.approx(1.0)
     assert "Optuna" in note and "24 ok trials" in note
+
+
+def best(problem: Problem, ms: float, device: str = "NVIDIA H200", **baselines: float) -> dict:
+    """A best-row as the store gives it (trial_dict): the problem's fields, ours, the baselines."""
+    return {**problem.to_dict(), "block": problem.block or None, "pattern": problem.pattern or None,
+            "problem": problem.key, "kernel": f"k{problem.block}", "device": device, "median_ms": ms,
+            "ratio_cublas": None, "baselines": {name: {"median_ms": t, "p20_ms": t, "p80_ms": t}
+                                                for name, t in baselines.items()}}  # fmt: skip
+
+
+def sparse(block: int, density: float, dtype: str = "fp16", m: int = 256) -> Problem:
+    return problem_for(m, Pattern.random(512, 256, block, density, seed=block), dtype)
+
+
+def test_sparse_points_take_the_sparse_rows_and_their_baselines() -> None:
+    rows = [
+        best(Problem(256, 512, 256, "fp16"), 1.0, cublas=1.0),  # dense: not a point
+        best(sparse(32, 0.5), 0.8, cublas=1.0, torch_bsr=2.0, cusparselt=0.6),
+        best(sparse(32, 0.0), 0.05, cublas=1.2),  # an all-zero W is a point, at density 0
+        {**best(sparse(64, 0.25), 0.5), "ratio_cublas": 1.5},  # no baselines stored: the ratio column
+        best(sparse(16, 1.0), 1.25, cublas=1.0),  # every block kept: still block-sparse
+    ]
+    points = sparse_points(rows)
+    assert [(p["block"], p["density"]) for p in points] == [(16, 1.0), (32, 0.0), (32, 0.5), (64, 0.25)]
+    by = {(p["block"], p["density"]): p for p in points}
+    half = by[32, 0.5]
+    assert (half["ms"], half["cublas_ms"], half["torch_bsr_ms"], half["cusparselt_ms"]) == (0.8, 1.0, 2.0, 0.6)
+    assert half["speedup"] == pytest.approx(1.25) and half["torch_bsr_speedup"] == pytest.approx(0.5)
+    assert half["vs_torch_bsr"] == pytest.approx(2.5) and half["shape"] == "256x512x256"
+    assert by[32, 0.0]["speedup"] == pytest.approx(24.0) and by[32, 0.0]["torch_bsr_ms"] is None
+    assert by[64, 0.25]["speedup"] == 1.5 and by[64, 0.25]["cublas_ms"] is None
+    assert by[16, 1.0]["speedup"] == pytest.approx(0.8)
+    assert sparse_points([{**best(sparse(32, 0.5), 0.8), "median_ms": None}]) == []
+
+
+def test_time_and_speedup_series_and_references() -> None:
+    rows = [best(sparse(32, d), ms, cublas=c, torch_bsr=t, **({"cusparselt": s} if s else {}))
+            for d, ms, c, t, s in ((0.25, 0.4, 1.0, 0.8, 0.55), (0.5, 0.9, 1.2, 1.5, 0.65), (0.75, 1.3, 1.1, 2.0, None))]
+    points = sparse_points(rows)
+    times = time_series(points)
+    assert [(t["series"], t["density"], t["ms"]) for t in times] == [
+        ("gemmscape", 0.25, 0.4), ("torch BSR", 0.25, 0.8), ("gemmscape", 0.5, 0.9), ("torch BSR", 0.5, 1.5),
+        ("gemmscape", 0.75, 1.3), ("torch BSR", 0.75, 2.0)]  # fmt: skip
+    speedups = speedup_series(points)
+    assert [round(s["speedup"], 4) for s in speedups if s["series"] == "gemmscape"] == [2.5, 1.3333, 0.8462]
+    assert [round(s["speedup"], 4) for s in speedups if s["series"] == "torch BSR"] == [1.25, 0.8, 0.55]
+    dense, semi = references(points)
+    assert (dense["baseline"], dense["density"], dense["ms"], dense["measurements"]) == ("dense cuBLAS", None, 1.1, 3)
+    assert (dense["min_ms"], dense["max_ms"]) == (1.0, 1.2)
+    assert (semi["baseline"], semi["density"], semi["measurements"]) == ("cuSPARSELt 2:4", 0.5, 2)
+    assert semi["ms"] == pytest.approx(0.6)  # the median of 0.55 and 0.65
+    assert references(sparse_points([best(sparse(32, 0.5), 1.0)])) == []
+
+
+def test_break_even_table_per_dtype_and_block() -> None:
+    rows = [best(sparse(32, d, "fp16"), 1.0 / s, cublas=1.0, torch_bsr=1.0 / t)
+            for d, s, t in ((0.25, 1.4, 1.1), (0.5, 0.6, 0.5))]  # fmt: skip
+    rows += [best(sparse(32, d, "fp32"), 1.0 / s, cublas=1.0) for d, s in ((0.25, 2.0), (0.5, 1.2))]
+    rows += [best(sparse(64, 0.25, "fp32"), 2.0, cublas=1.0)]
+    rows += [best(sparse(32, 0.5, "fp16"), 1.0, device="Other GPU", cublas=2.0)]
+    table = break_even_table(sparse_points(rows))
+    assert [(t["device"], t["dtype"], t["block"], t["points"]) for t in table] == [
+        ("NVIDIA H200", "fp16", 32, 2), ("NVIDIA H200", "fp32", 32, 2), ("NVIDIA H200", "fp32", 64, 1),
+        ("Other GPU", "fp16", 32, 1)]  # fmt: skip
+    fp16, fp32, fp32_64, other = table
+    assert fp16["break_even_density"] == pytest.approx(0.25 + 0.4 / 0.8 * 0.25) and fp16["note"] == "interpolated"
+    assert fp16["torch_bsr_break_even"] == pytest.approx(0.25 + 0.1 / 0.6 * 0.25)
+    assert fp32["break_even_density"] == 0.5 and fp32["torch_bsr_note"] == "not measured"
+    assert fp32_64["break_even_density"] is None and other["break_even_density"] == 0.5

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, SOURCE, build
+from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, SOURCE, build, sparse_problem
+from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
+from codegen.problem import DType
 from store import Store
 
 TIMEOUT = 60
@@ -29,6 +33,11 @@ def texts(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
+def chart_data(chart) -> list[pd.DataFrame]:  # type: ignore[no-untyped-def]
+    """The data sets a drawn Altair chart carries, in layer order."""
+    return [dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets]
+
+
 def rerun(at: AppTest) -> AppTest:
     at.run()
     assert not at.exception, [e.value for e in at.exception]
@@ -40,18 +49,25 @@ class TestPagesOnFixture:
     def test_overview(self) -> None:
         at = open_page("Overview")
         metrics = {m.label: m.value for m in at.metric}
-        assert metrics["problems"] == "8" and metrics["devices"] == "2" and metrics["runs"] == "2"
+        assert metrics["problems"] == "11" and metrics["devices"] == "2" and metrics["runs"] == "2"
         best = at.dataframe[0].value
         assert DENSE.key in set(best["problem"])
         dense = best[best["problem"] == DENSE.key].iloc[0]
         assert dense["bound"] == "compute" and dense["of compute peak"].endswith("%")
-        assert "vs cublas" in best.columns
+        assert pd.isna(dense["block"]) and dense["density"] == 1.0
+        assert "vs cublas" in best.columns and "vs torch_bsr" in best.columns and "vs cusparselt" in best.columns
+        empty = best[best["problem"] == sparse_problem(DType.fp32, 64, 0.0).key].iloc[0]  # an all-zero W
+        assert (empty["block"], empty["density"], empty["of roofline"]) == (64, 0.0, "–")
+        problems = at.dataframe[1].value
+        assert {"block", "density", "pattern"} <= set(problems.columns)
+        assert sorted(problems["block"].dropna().astype(int)) == [32] * 5 + [64] * 4
         assert "Test GPU 9000: roofline ceilings unknown" in texts(at)
         assert at.get("vega_lite_chart"), "the H200 roofline chart is drawn"
 
     def test_trials_filters_sort_chart_importance(self) -> None:
         at = open_page("Trials")
-        assert len(at.dataframe[0].value) == 32
+        assert len(at.dataframe[0].value) == 35
+        assert {"block", "density"} <= set(at.dataframe[0].value.columns)
         at.sidebar.multiselect(key="trials_problem").set_value([DENSE.key])
         at.sidebar.multiselect(key="trials_status").set_value(["ok"])
         rerun(at)
@@ -120,13 +136,33 @@ class TestPagesOnFixture:
         rerun(at)
         assert "No failed trial" in texts(at)
 
-    def test_sparsity_break_even(self) -> None:
+    def test_sparsity_time_speedup_and_break_even(self) -> None:
         at = open_page("Sparsity")
-        table = at.dataframe[0].value
-        assert list(table["block"]) == [32, 64]
-        b32, b64 = table["break_even_density"]
-        assert 0.25 < b32 < 0.5 and b64 == 0.5
-        assert at.get("vega_lite_chart")
+        assert at.sidebar.selectbox(key="sparsity_case").options == ["2048x2048x2048 · fp16", "2048x2048x2048 · fp32"]
+        refs, even, points = (d.value for d in at.dataframe)
+        assert list(refs["baseline"]) == ["dense cuBLAS", "cuSPARSELt 2:4"] and list(refs["ms"]) == [0.5, 0.35]
+        assert list(zip(even["dtype"], even["block"], strict=True)) == [("fp16", 32), ("fp32", 32), ("fp32", 64)]
+        fp16, b32, b64 = even["break_even_density"]
+        assert fp16 == pytest.approx(0.35) and 0.25 < b32 < 0.5 and b64 == 0.5
+        assert list(points["density"]) == [0.25, 0.5] and set(points["dtype"]) == {"fp16"}
+        time_chart, speedup_chart = at.get("vega_lite_chart")
+        lines, dense, semi = chart_data(time_chart)
+        assert sorted(set(lines["series"])) == ["gemmscape", "torch BSR"] and set(lines["block"]) == {32}
+        assert list(dense["label"]) == ["dense cuBLAS 0.5 ms"] and list(dense["measurements"]) == [2]
+        assert (list(semi["density"]), list(semi["ms"])) == ([0.5], [0.35])
+        (speedups,) = chart_data(speedup_chart)[:1]
+        ours = speedups[speedups["series"] == "gemmscape"]
+        assert list(ours["speedup"]) == pytest.approx([1.2, 0.7])
+        assert "speedup over dense cuBLAS" in json.dumps(speedup_chart.proto.spec)
+
+        at.sidebar.selectbox(key="sparsity_case").set_value("2048x2048x2048 · fp32")
+        rerun(at)
+        refs, even, points = (d.value for d in at.dataframe)
+        assert list(refs["baseline"]) == ["dense cuBLAS"]  # no 2:4 baseline for fp32 in the fixture
+        assert list(points["block"]) == [32] * 3 + [64] * 4 and points["density"].min() == 0.0
+        lines, dense = chart_data(at.get("vega_lite_chart")[0])
+        assert list(dense["label"]) == ["dense cuBLAS 1 ms"] and list(dense["measurements"]) == [7]
+        assert lines[lines["series"] == "gemmscape"]["density"].min() == 0.0
 
 
 def test_filter_text_never_becomes_sql(use_db: str) -> None:
@@ -139,7 +175,7 @@ def test_filter_text_never_becomes_sql(use_db: str) -> None:
     rerun(at)
     assert "No trials match these filters." in texts(at)
     with Store(use_db, read_only=True) as store:
-        assert len(store.trials()) == before == 32
+        assert len(store.trials()) == before == 35
 
 
 @pytest.mark.parametrize("name", list(PAGES))

@@ -21,11 +21,11 @@ SHOTS = Path(__file__).resolve().parents[2] / "test-output"
 # url path, title, text that must be visible
 VISITS = [
     ("", "Overview", ["Best kernel per problem", "Roofline: NVIDIA H200"]),
-    ("trials", "Trials", ["Trials matching the filters: 32", "Parameter importances"]),
+    ("trials", "Trials", ["Trials matching the filters: 35", "Parameter importances"]),
     ("history", "Search history", ["Runs"]),
     ("kernel", "Kernel", ["ptxas report", "<b>not html</b>", "Export"]),
     ("failures", "Failures", ["Failed trials by status", "Evidence (4 failed trials)"]),
-    ("sparsity", "Sparsity", ["Break-even density"]),
+    ("sparsity", "Sparsity", ["Time against density", "Speedup over dense cuBLAS", "Break-even density"]),
 ]
 
 pytestmark = [

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from codegen import sparse
 from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
+from codegen.sparse import Pattern, problem_for
 from store import Store
 
 H200 = {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"}
@@ -43,6 +48,7 @@ def sha(text: str) -> str:
 
 #: The hash of the source the trials below measured, unless a test says otherwise.
 H1, H2 = sha("source one"), sha("source two")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add(store: Store, dev: int, s: SimtSpec, result: dict, problem: Problem = P, run: int | None = None, n: int = 0,
@@ -57,23 +63,98 @@ def test_device_and_problem_get_or_create_is_idempotent(store: Store) -> None:
     assert store.problem(P) == store.problem(Problem(256, 512, 128)) != store.problem(Q)
     assert [p["key"] for p in store.problems()] == sorted([P.key, Q.key])
     (row,) = [p for p in store.problems() if p["key"] == Q.key]
-    assert row | {"id": 0} == {**Q.to_dict(), "key": Q.key, "density": 1.0, "block": None, "id": 0}
+    dense = {"density": 1.0, "block": None, "pattern": None}  # a dense W: no block, no pattern
+    assert row | {"id": 0} == {**Q.to_dict(), "key": Q.key, **dense, "id": 0}
+    assert Problem.from_dict(row) == Q
     assert [d["name"] for d in store.devices()] == ["NVIDIA H200", "NVIDIA H200"]
 
 
-def test_problem_keeps_density_and_block_when_given(store: Store) -> None:
-    @dataclass(frozen=True)
-    class Sparse(Problem):
-        density: float = 1.0
-        block: int | None = None
+def test_problem_keeps_density_block_and_pattern(store: Store) -> None:
+    quarter = problem_for(128, Pattern.random(128, 256, 32, 0.25, seed=3), DType.fp16, bias=True)
+    empty = problem_for(64, Pattern.random(128, 128, 16, 0.0), DType.fp32)  # an all-zero W
+    ids = {store.problem(quarter), store.problem(empty), store.problem(P)}
+    assert len(ids) == 3 and store.problem(quarter) in ids
+    rows = {r["key"]: r for r in store.problems()}
+    assert (rows[quarter.key]["density"], rows[quarter.key]["block"]) == (0.25, 32)
+    assert rows[quarter.key]["pattern"] == quarter.pattern and len(quarter.pattern) == 16
+    assert (rows[empty.key]["density"], rows[empty.key]["block"]) == (0.0, 16)  # 0 stays 0, never 1
+    assert Problem.from_dict(rows[quarter.key]) == quarter and Problem.from_dict(rows[empty.key]) == empty
+    assert (rows[P.key]["block"], rows[P.key]["pattern"]) == (None, None)
 
-        @property
-        def key(self) -> str:
-            return f"{super().key}_d{self.density}_b{self.block}"
 
-    store.problem(Sparse(128, 128, 128, density=0.25, block=32))
-    (row,) = store.problems()
-    assert (row["density"], row["block"]) == (0.25, 32)
+def test_trial_and_best_rows_carry_the_sparsity(store: Store) -> None:
+    dev = store.device(H200)
+    problem = problem_for(256, Pattern.random(512, 128, 64, 0.5, seed=1))
+    run = store.start_run(problem, dev, "simt", "tpe", 0, 5, "sparse", {}, "test")
+    add(store, dev, spec(), ok(0.4), problem=problem, run=run)
+    add(store, dev, spec(1), ok(0.3), problem=problem, run=run)
+    add(store, dev, spec(), ok(1.0))  # dense
+    wanted = {"density": 0.5, "block": 64, "pattern": problem.pattern}
+    for row in (*store.trials(problem=problem), *store.best(problem), store.best_for(problem)):
+        assert {k: row[k] for k in wanted} == wanted and Problem.from_dict(row) == problem
+    (dense,) = store.best(P)
+    assert (dense["density"], dense["block"], dense["pattern"]) == (1.0, None, None)
+    assert Problem.from_dict(dense) == P
+    assert store.known_result(problem, dev, spec(1).name, H1)["median_ms"] == 0.3
+    assert [r["problem"] for r in store.runs()] == [problem.key]
+
+
+def test_a_sparse_problem_stores_its_pattern_once(store: Store) -> None:
+    pattern = Pattern.random(200, 100, 32, 0.4, seed=7)  # neither side a multiple of the block
+    a, b = problem_for(64, pattern), problem_for(128, pattern, DType.bf16)
+    store.problem(a)
+    store.problem(b)
+    assert store.patterns() == [{"hash": pattern.hash, "n": 200, "k": 100, "block": 32, "nnzb": pattern.nnzb,
+                                 "density": pattern.density, "created": store.patterns()[0]["created"]}]
+    got = store.pattern(pattern.hash)
+    assert got is not pattern and got.hash == pattern.hash and (got.n, got.k, got.block) == (200, 100, 32)
+    assert np.array_equal(got.indptr, pattern.indptr) and np.array_equal(got.indices, pattern.indices)
+    assert got.indptr.dtype == np.int32 and np.array_equal(got.mask(), pattern.mask())
+    assert store.pattern("0" * 16) is None and store.pattern("") is None
+    empty = Pattern.random(64, 64, 16, 0.0)
+    store.problem(problem_for(8, empty))
+    assert store.pattern(empty.hash).nnzb == 0
+
+
+def test_an_unregistered_pattern_is_filled_in_later(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    pattern = Pattern.random(64, 64, 16, 0.5, seed=2)
+    problem = Problem(32, 64, 64, block=16, density=pattern.density, pattern=pattern.hash)  # not registered
+    monkeypatch.setattr(sparse, "_REGISTRY", {})
+    first = store.problem(problem)
+    assert store.pattern(pattern.hash) is None and store.patterns() == []
+    assert store.problems()[0]["pattern"] == pattern.hash
+    sparse.register(pattern)
+    assert store.problem(problem) == first and store.pattern(pattern.hash).hash == pattern.hash
+
+
+def test_a_pattern_that_is_not_the_problems_is_refused(store: Store) -> None:
+    pattern = Pattern.random(64, 64, 16, 0.5, seed=2)
+    store.problem(problem_for(16, pattern))  # stored once: a later wrong use is refused all the same
+    with pytest.raises(ValueError, match="not the problem's"):
+        store.problem(Problem(32, 64, 128, block=16, density=pattern.density, pattern=pattern.hash))
+    with pytest.raises(ValueError, match="not the problem's"):
+        store.problem(Problem(32, 64, 64, block=16, density=0.25, pattern=pattern.hash))
+    # Two patterns whose hashes share the 8 characters in the key: the second is refused, never merged.
+    one = Problem(32, 64, 64, block=16, density=0.5, pattern="abcdef01" + "0" * 8)
+    two = Problem(32, 64, 64, block=16, density=0.5, pattern="abcdef01" + "1" * 8)
+    assert one.key == two.key
+    store.problem(one)
+    with pytest.raises(ValueError, match="hash prefix"):
+        store.problem(two)
+    assert [r["pattern"] for r in store.problems()] == [pattern.hash, one.pattern]  # nothing refused was written
+
+
+def test_a_later_process_rebuilds_a_sparse_problem(store: Store, store_url: str) -> None:
+    pattern = Pattern.random(256, 128, 32, 0.3, seed=11)
+    problem = problem_for(64, pattern, DType.fp16)
+    store.problem(problem)
+    code = ("import sys; from codegen import sparse; from store import Store; s = Store(sys.argv[1], read_only=True);"
+            "p = s.find_problem(sys.argv[2]); q = sparse.lookup(p);"
+            "print(p.key, q.hash, q.nnzb, s.find_problem('nope'))")
+    out = subprocess.run([sys.executable, "-c", code, store_url, problem.key], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [problem.key, pattern.hash, str(pattern.nnzb), "None"]
 
 
 def test_kernel_upsert_fills_in_later_fields(store: Store) -> None:

@@ -1,5 +1,6 @@
-"""Stores written before kernels were identified by their source still open: read-only as they
-are, and upgraded in place (unique (name, arch) -> (name, arch, source_hash)) when opened for writing."""
+"""Stores written by older gemmscape versions still open: read-only as they are, and upgraded in place
+when opened for writing: kernels unique (name, arch) -> (name, arch, source_hash); problems get their
+pattern column and the patterns table appears (block-sparse W)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,27 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sqlalchemy import MetaData, UniqueConstraint, create_engine, inspect
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    create_engine,
+    inspect,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from codegen.problem import Problem
+from codegen.problem import DType, Problem
+from codegen.sparse import Pattern, problem_for
 from store import Store
-from store.migrate import outdated, upgrade
-from store.models import KERNEL_IDENTITY, Base, Device, Kernel, Trial
+from store.migrate import has_pattern_column, outdated, upgrade
+from store.models import KERNEL_IDENTITY, Base, Device, Kernel, Run, Trial
+from store.models import Pattern as PatternRow
 from store.models import Problem as ProblemRow
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -27,11 +41,24 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def old_schema() -> MetaData:
-    """The tables as gemmscape created them before: kernels unique on (name, arch)."""
+def old_schema(kernels_by_name: bool = True) -> MetaData:
+    """The tables as gemmscape created them before block-sparse W (problems without their pattern
+    column, no patterns table) and, with ``kernels_by_name``, before kernels were identified by their
+    source (kernels unique on (name, arch))."""
     meta = MetaData()
+    Table(
+        ProblemRow.__tablename__, meta,
+        Column("id", Integer, primary_key=True), Column("key", String(200), unique=True, nullable=False),
+        Column("m", Integer, nullable=False), Column("n", Integer, nullable=False), Column("k", Integer, nullable=False),
+        Column("dtype", String(16), nullable=False), Column("layout", String(32), nullable=False),
+        Column("bias", Boolean, nullable=False), Column("density", Float, nullable=False),
+        Column("block", Integer, nullable=True),
+    )  # fmt: skip
     for table in Base.metadata.sorted_tables:
-        table.to_metadata(meta)
+        if table.name not in (ProblemRow.__tablename__, PatternRow.__tablename__):
+            table.to_metadata(meta)
+    if not kernels_by_name:
+        return meta
     kernels = meta.tables[Kernel.__tablename__]
     (identity,) = [c for c in kernels.constraints if c.name == KERNEL_IDENTITY]
     kernels.constraints.discard(identity)
@@ -39,24 +66,45 @@ def old_schema() -> MetaData:
     return meta
 
 
-def write_old_store(url: str) -> tuple[int, int]:
-    """An old store with one compiled kernel and one trial of it; returns (kernel id, trial id)."""
+def write_old_store(url: str, kernels_by_name: bool = True) -> tuple[int, int]:
+    """An old store with one compiled kernel, one run and one trial of it on a dense problem, and a
+    second dense problem; returns (kernel id, trial id)."""
     engine = create_engine(url)
-    old_schema().create_all(engine)
+    meta = old_schema(kernels_by_name)
+    meta.create_all(engine)
+    problems = meta.tables[ProblemRow.__tablename__]
     with Session(engine) as session, session.begin():
         device = Device(name="NVIDIA H200", sm="sm_90", driver="580", nvrtc="13.0")
-        problem = ProblemRow(key=Problem(64, 64, 64).key, m=64, n=64, k=64, dtype="fp32", layout="forward")
         kernel = Kernel(name="simt_k", family="simt", arch="sm_90", spec={"family": "simt"}, source="old text",
                         source_hash=sha("old text"), options=[])
-        session.add_all([device, problem, kernel])
+        session.add_all([device, kernel])
+        rows = [{"key": p.key, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype.value, "layout": p.layout.value,
+                 "bias": p.bias, "density": 1.0, "block": None}
+                for p in (Problem(64, 64, 64), Problem(32, 128, 256, DType.bf16, bias=True))]  # fmt: skip
+        problem_id = session.execute(problems.insert().values(rows[0]).returning(problems.c.id)).scalar_one()
+        session.execute(problems.insert().values(rows[1]))
         session.flush()
-        trial = Trial(kernel_id=kernel.id, problem_id=problem.id, device_id=device.id, status="ok", median_ms=1.0,
-                      tflops=2.0)
+        run = Run(problem_id=problem_id, device_id=device.id, family="simt", sampler="tpe", seed=0, budget=5,
+                  study_name="old-study", versions={"gemmscape": "0.1"}, command="codegen search")
+        session.add(run)
+        session.flush()
+        trial = Trial(run_id=run.id, kernel_id=kernel.id, problem_id=problem_id, device_id=device.id, number=0,
+                      status="ok", median_ms=1.0, tflops=2.0,
+                      baselines={"cublas": {"median_ms": 0.9, "p20_ms": 0.9, "p80_ms": 0.9}}, ratios={"cublas": 0.9})
         session.add(trial)
         session.flush()
         ids = kernel.id, trial.id
     engine.dispose()
     return ids
+
+
+def old_rows(url: str) -> dict[str, list[tuple]]:
+    """Every row of every table of the old schema, by table, read with the old columns only."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = {t.name: sorted(conn.execute(t.select()).all(), key=repr) for t in old_schema(False).sorted_tables}
+    engine.dispose()
+    return rows
 
 
 def test_an_old_store_is_upgraded_when_opened_for_writing(store_url: str) -> None:
@@ -66,6 +114,7 @@ def test_an_old_store_is_upgraded_when_opened_for_writing(store_url: str) -> Non
     engine.dispose()
     with Store(store_url) as store:
         assert store.upgraded and "uq_kernel_name_arch" in store.upgraded[0]
+        assert [u.split(":")[0] for u in store.upgraded] == ["gs_kernels", "gs_problems", "gs_patterns"]
         (row,) = store.trials()
         assert (row["id"], row["kernel_id"], row["source_hash"]) == (trial_id, kernel_id, sha("old text"))
         assert store.known_result(Problem(64, 64, 64), row["device_id"], "simt_k", sha("old text"))["tflops"] == 2.0
@@ -95,6 +144,55 @@ def test_an_old_sqlite_store_reads_as_before_when_opened_read_only(tmp_path: Pat
         assert reader.upgraded == [] and reader.trials()[0]["source_hash"] == sha("old text")
         assert reader.kernel_record("simt_k", "sm_90", sha("old text"))["source"] == "old text"
     assert outdated(create_engine(url))  # untouched
+
+
+def test_a_store_from_before_block_sparse_is_upgraded_in_place(store_url: str) -> None:
+    kernel_id, trial_id = write_old_store(store_url, kernels_by_name=False)
+    before = old_rows(store_url)
+    engine = create_engine(store_url)
+    assert [u.split(":")[0] for u in outdated(engine)] == ["gs_problems", "gs_patterns"]
+    assert not has_pattern_column(engine)
+    engine.dispose()
+    with Store(store_url) as store:
+        assert [u.split(":")[0] for u in store.upgraded] == ["gs_problems", "gs_patterns"]
+        assert old_rows(store_url) == before  # every row, id and value as it was
+        assert has_pattern_column(store.engine) and inspect(store.engine).has_table(PatternRow.__tablename__)
+        problems = store.problems()
+        assert [(p["density"], p["block"], p["pattern"]) for p in problems] == [(1.0, None, None)] * 2
+        assert {Problem.from_dict(p) for p in problems} == {Problem(64, 64, 64), Problem(32, 128, 256, DType.bf16,
+                                                                                          bias=True)}
+        (row,) = store.trials()
+        assert (row["id"], row["kernel_id"], row["run_id"], row["pattern"]) == (trial_id, kernel_id, 1, None)
+        assert row["baselines"]["cublas"]["median_ms"] == 0.9 and store.best()[0]["id"] == trial_id
+        assert store.runs()[0]["study_name"] == "old-study"
+        sparse = problem_for(64, Pattern.random(64, 64, 16, 0.25, seed=5))  # the upgraded store takes sparse W
+        store.add_trial(None, "simt_k", "sm_90", sparse, row["device_id"], 0, {"status": "ok", "median_ms": 0.5},
+                        {"family": "simt"}, source_hash=sha("old text"))
+        assert store.trials(problem=sparse)[0]["pattern"] == sparse.pattern
+        assert store.pattern(sparse.pattern).hash == sparse.pattern
+    with Store(store_url) as again:
+        assert again.upgraded == [] and outdated(again.engine) == [] and len(again.trials()) == 2
+
+
+def test_a_store_from_before_block_sparse_reads_as_before_when_opened_read_only(store_url: str) -> None:
+    url = store_url
+    _, trial_id = write_old_store(url, kernels_by_name=False)
+    before = old_rows(url)
+    with Store(url, read_only=True) as reader:
+        assert reader.upgraded == []
+        (row,) = reader.trials()
+        assert (row["id"], row["pattern"], row["block"], row["density"]) == (trial_id, None, None, 1.0)
+        assert [b["id"] for b in reader.best()] == [trial_id] and reader.best()[0]["pattern"] is None
+        assert [p["pattern"] for p in reader.problems()] == [None, None]
+        assert reader.runs()[0]["problem"] == Problem(64, 64, 64).key
+        assert reader.known_result(Problem(64, 64, 64), row["device_id"], "simt_k", sha("old text"))["tflops"] == 2.0
+        assert reader.measured_kernel("simt_k")["trial"]["id"] == trial_id
+        assert reader.find_problem(Problem(64, 64, 64).key) == Problem(64, 64, 64)
+        assert reader.pattern("0" * 16) is None and reader.patterns() == []
+    engine = create_engine(url)
+    assert not has_pattern_column(engine) and len(outdated(engine)) == 2  # untouched
+    engine.dispose()
+    assert old_rows(url) == before
 
 
 @pytest.mark.parametrize("path", OLD_DBS, ids=lambda p: p.name)
