@@ -367,12 +367,12 @@ def _tensors_of(obj, prefix: str = "") -> dict:
 
 
 def _read_torch(path: Path, name: str | None) -> np.ndarray:
+    if not _magic(path, 4).startswith((b"PK", b"\x80")):  # a zip archive (torch.save) or a legacy pickle
+        raise WeightsError(f"{path} is not a torch file")
     try:
         import torch
     except ImportError:
         raise WeightsError(f"reading {path.suffix} needs torch (pip install gemmscape[torch])") from None
-    if not _magic(path, 4).startswith((b"PK", b"\x80")):  # a zip archive (torch.save) or a legacy pickle
-        raise WeightsError(f"{path} is not a torch file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and torch errors alike mean "cannot read it"
