@@ -196,8 +196,8 @@ def test_prune_blocks_counts_padding_as_zeros_and_breaks_ties_by_block_index():
     assert prune_blocks(w, 16, 0.25)[0].mask().tolist() == [[True, False], [False, False]]
     assert prune_blocks(w, 16, 0.5)[0].mask().tolist() == [[True, True], [False, False]]  # tie: (0,1) before (1,0)
     assert prune_blocks(w, 16, 0.75)[0].mask().tolist() == [[True, True], [True, False]]
-    same = np.ones((64, 64), dtype=np.float32)  # all equal: the first blocks in row-major order
-    assert prune_blocks(same, 16, 0.25)[0].mask().ravel().tolist() == [True] * 4 + [False] * 12
+    same = np.ones((320, 320), dtype=np.float32)  # 400 equal blocks: the first in row-major order
+    assert prune_blocks(same, 16, 0.25)[0].mask().ravel().tolist() == [True] * 100 + [False] * 300
 
 
 @pytest.mark.parametrize("w,block,density,needle", [
