@@ -68,6 +68,27 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (a density: 0 keeps no block, 1 all of them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
+    return value
+
+
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -124,13 +145,36 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+#: The options of a block-sparse W (argparse dests), as the command line spells them.
+SPARSE_OPTIONS = {"block": "--block", "density": "--density", "pattern_seed": "--pattern-seed", "weights": "--weights"}
+
+
 def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    none = "" if required else " (default: none; give all of --m, --n, --k or none)"
-    p.add_argument("--m", type=positive_int, required=required, help="batch (rows of X and Y)" + none)
-    p.add_argument("--n", type=positive_int, required=required, help="out features (rows of W)" + none)
-    p.add_argument("--k", type=positive_int, required=required, help="in features" + none)
+    """--m, --n, --k, --dtype, --bias, and the options of a block-sparse W. --n and --k are checked
+    by ``problem_from_args`` (not argparse): --weights gives them."""
+    if required:
+        m_none, nk_none = "", " (default: none; required unless --weights gives it)"
+    else:
+        m_none = nk_none = " (default: none; give all of --m, --n, --k or none; --weights gives --n, --k)"
+    p.add_argument("--m", type=positive_int, required=required, help="batch (rows of X and Y)" + m_none)
+    p.add_argument("--n", type=positive_int, help="out features (rows of W)" + nk_none)
+    p.add_argument("--k", type=positive_int, help="in features" + nk_none)
     p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
     p.add_argument("--bias", action="store_true", help="add b[N]")
+    from codegen.sparse import BLOCKS
+
+    g = p.add_argument_group("block-sparse W (default: none of these, W is dense)")
+    g.add_argument("--block", type=int, choices=BLOCKS, metavar="{" + ",".join(map(str, BLOCKS)) + "}",
+                   help="W is block-sparse in BLOCK x BLOCK blocks; needs --density or --weights "
+                        "(default: none, W dense)")
+    g.add_argument("--density", type=fraction, metavar="D",
+                   help="fraction of W's blocks kept, 0 to 1: a random pattern, or with --weights the largest "
+                        "blocks of the file's W (default: none)")
+    g.add_argument("--pattern-seed", type=non_negative_int, metavar="S",
+                   help="seed of the random pattern of --density (default: 0)")
+    g.add_argument("--weights", metavar="PATH[:NAME]",
+                   help="your own W: .npy, .npz, .pt/.pth or .safetensors, NAME picks one tensor of several; "
+                        "N and K come from it, the kept blocks are its non-zero ones (default: none)")
 
 
 DB_HELP = "store URL, sqlite:///PATH or postgresql+psycopg://... (default: $GEMMSCAPE_DB, else " \
@@ -213,21 +257,103 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
         raise UsageError(f"not a {family} variant: {e}") from None
 
 
+def sparse_given(args: argparse.Namespace) -> list[str]:
+    """The block-sparse options given, as spelled on the command line."""
+    return [flag for dest, flag in SPARSE_OPTIONS.items() if getattr(args, dest, None) is not None]
+
+
+def check_sparse_args(args: argparse.Namespace) -> None:
+    """The block-sparse options go together: --block with --density (a random pattern, seeded by
+    --pattern-seed) or with --weights (the file's pattern; with --density, pruned to it)."""
+    given = sparse_given(args)
+    if not given:
+        return
+    if getattr(args, "block", None) is None:
+        need = "needs" if len(given) == 1 else "need"
+        raise UsageError(f"{', '.join(given)} {need} --block 16, 32 or 64 (the side of W's square blocks)")
+    if args.weights is not None and args.pattern_seed is not None:
+        raise UsageError("--pattern-seed seeds a random pattern, --weights takes the pattern of your W: "
+                         "give one of them, not both")
+    if args.density is None and args.weights is None:
+        raise UsageError(f"--block {args.block} needs --density D (a random pattern with that fraction of blocks "
+                         f"kept) or --weights FILE (the blocks of your own W)")
+
+
 def problem_given(args: argparse.Namespace) -> bool:
-    """Whether --m, --n, --k were given (all of them; some but not all is a usage error)."""
+    """Whether a problem was given: all of --m, --n, --k, or --m with --weights (which gives N and
+    K); some but not all of them, or block-sparse options without them, is a usage error."""
+    check_sparse_args(args)
+    weights = getattr(args, "weights", None) is not None
     given = [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None]
-    if given and len(given) < 3:
-        missing = [f"--{d}" for d in ("m", "n", "k") if f"--{d}" not in given]
+    sparse = sparse_given(args)
+    if not given and not sparse:
+        return False
+    if weights:
+        if getattr(args, "m", None) is None:
+            raise UsageError("a problem with --weights needs --m (--n and --k come from the file)")
+        return True
+    missing = [f"--{d}" for d in ("m", "n", "k") if f"--{d}" not in given]
+    if missing and not given:
+        raise UsageError(f"{', '.join(sparse)} describe the W of a problem: give --m, --n, --k too")
+    if missing:
         raise UsageError(f"a problem needs all of --m, --n, --k: {', '.join(given)} given, "
                          f"{', '.join(missing)} missing")
-    return bool(given)
+    return True
+
+
+def pattern_from_args(args: argparse.Namespace):
+    """The block-sparse pattern the options name: random (--density, --pattern-seed), or the file's
+    W (--weights): its non-zero blocks, or with --density its largest blocks."""
+    from codegen import sparse
+
+    if args.weights is None:
+        try:
+            return sparse.Pattern.random(args.n, args.k, args.block, args.density, args.pattern_seed or 0)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        w = sparse.load_weights(args.weights)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--weights: {e}") from None
+    n, k = w.shape
+    wrong = [f"--{d} {getattr(args, d)}" for d, size in (("n", n), ("k", k))
+             if getattr(args, d, None) is not None and getattr(args, d) != size]
+    if wrong:
+        raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
+                         f"{args.weights}, which is {n}x{k} (N x K); --weights gives N and K, so --n and --k "
+                         f"can be left out")
+    try:
+        if args.density is None:
+            return sparse.from_dense(w, args.block)[0]
+        return sparse.prune_blocks(w, args.block, args.density)[0]
+    except ValueError as e:
+        raise UsageError(f"--weights {args.weights}: {e}") from None
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
+    """The problem of the command line: dense, or with --block block-sparse (its pattern registered
+    in this process by ``codegen.sparse.problem_for``)."""
+    problem_given(args)
+    if getattr(args, "block", None) is not None:
+        from codegen.sparse import problem_for
+
+        return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias)
     try:
         return Problem(args.m, args.n, args.k, DType(args.dtype), bias=args.bias)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def describe_problem(problem: Problem) -> str:
+    """The problem's key, and for a block-sparse W how many blocks of what size it keeps."""
+    if not problem.sparse:
+        return problem.key
+    from codegen.sparse import lookup
+
+    p = lookup(problem)
+    blocks = p.block_rows * p.block_cols
+    return (f"{problem.key} (W {p.n}x{p.k} block-sparse: {p.nnzb} of {blocks} {p.block}x{p.block} blocks kept, "
+            f"density {p.density:.4g})")
 
 
 # ---- places on disk and the store: checked before anything is written ------------------------------
@@ -378,11 +504,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except (RuntimeError, ImportError) as e:  # NVRTC or the CUDA headers cannot be used here
         raise UsageError(f"the compiler cannot run here: {one_line(e)}") from None
     if args.json:
-        print(json.dumps({"name": spec.name, **result.meta(), **({"source": source} if args.source else {})},
-                         indent=2))
+        print(json.dumps({"name": spec.name, **result.meta(),
+                          **({"problem": problem.to_dict()} if problem is not None else {}),
+                          **({"source": source} if args.source else {})}, indent=2))
         return EXIT_OK
     print(f"{spec.name}  {arch}  NVRTC {result.nvrtc_version}  {len(result.cubin)} B cubin"
           f"{'  (cached)' if result.cached else f'  {result.seconds:.2f} s'}")
+    if problem is not None:
+        print(f"  problem {describe_problem(problem)}")
     print(f"  threads {spec.threads}, dynamic shared memory {spec.smem_bytes} B")
     for fn, r in result.report.items():
         print(f"  {fn}: {r.get('registers')} registers, {r.get('stack', 0)} B stack, "
@@ -491,6 +620,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     best = summary.best
     say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
         f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
+    if problem.sparse:
+        say(f"  problem {describe_problem(problem)}")
     if summary.failures:
         say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
     if best:
@@ -603,11 +734,12 @@ def cmd_results(args: argparse.Namespace) -> int:
         return EXIT_OK if rows else EXIT_FAILURE
     if not rows:
         raise Failure(f"no results in {store.location} yet: run `codegen search` first")
-    head = f"{'problem':30s} {'kernel':62s} {'median us':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x cuBLAS':>8s}  device"
+    width = max(30, *(len(str(r["problem"])) for r in rows))  # a block-sparse key is longer
+    head = f"{'problem':{width}s} {'kernel':62s} {'median us':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'x cuBLAS':>8s}  device"
     print(head)
     for r in rows:
         ratio = f"{r['ratio_cublas']:.3f}" if r.get("ratio_cublas") else "-"
-        print(f"{r['problem']:30s} {r['kernel']:62s} {r['median_ms'] * 1e3:10.1f} {r['tflops']:8.2f} "
+        print(f"{r['problem']:{width}s} {r['kernel']:62s} {r['median_ms'] * 1e3:10.1f} {r['tflops']:8.2f} "
               f"{r['gbps']:7.0f} {ratio:>8s}  {r['device']}")
     if any(r.get("recorded") for r in rows):
         print("(a device named \"... (recorded DATE, FILE)\" holds results replayed from a recording, not measured "
