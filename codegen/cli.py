@@ -240,17 +240,26 @@ def spec_from_name(name: str, args: argparse.Namespace) -> KernelSpec:
 def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> KernelSpec:
     if args.kernel:
         spec = spec_from_name(args.kernel, args)
-        if problem is not None and (spec.dtype, spec.bias) != (problem.dtype, problem.bias):
-            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}; "
-                             f"the problem is {problem.dtype.value}, bias={problem.bias}")
+        block = getattr(spec, "block", 0)
+        if problem is not None and (spec.dtype, spec.bias, block) != (problem.dtype, problem.bias, problem.block):
+            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}, block={block}; "
+                             f"the problem is {problem.dtype.value}, bias={problem.bias}, block={problem.block}")
         return spec
     family = family_of_args(args)
     values = {f.name: getattr(args, f.name) for f in families.variant_fields(family)
               if getattr(args, f.name, None) is not None}
     if problem is not None:
         values.update(dtype=problem.dtype, bias=problem.bias)
+        block = problem.block
     else:
         values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
+        block = getattr(args, "block", None) or 0
+    if block:
+        if not families.takes_sparse(family):
+            raise UsageError(f"the {family} family has no block-sparse variants; choose --family "
+                             + " or ".join(n for n in families.names() if families.takes_sparse(n)))
+        values["block"] = block
+        values.setdefault("bn", block)  # a block tile spans one block row
     try:
         return families.get(family).Spec(**values)
     except ValueError as e:
@@ -487,7 +496,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from codegen.render import render
 
     problem = problem_from_args(args) if problem_given(args) else None
-    spec = spec_from_name(args.name, args) if args.name else spec_from_args(args)
+    spec = spec_from_name(args.name, args) if args.name else spec_from_args(args, problem)
     check_cache()
     arch = args.arch or default_arch()
     reasons = spec.check(problem)

@@ -89,3 +89,9 @@ def test_compile_prints_the_source_of_a_variant(capsys, tmp_path, monkeypatch):
     assert cli.main(["compile", "--copy", "async", "--stages", "3", "--bk", "16", "--arch", "sm_90", "--source"]) == 0
     out = capsys.readouterr().out
     assert "cp.async" in out and SimtSpec(copy="async", stages=3, bk=16).name in out
+
+
+def test_a_sparse_problem_needs_a_family_with_sparse_variants(toy_family, capsys):
+    code = cli.main(["compile", *PROBLEM, "--block", "32", "--density", "0.5", "--family", "toy"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the toy family has no block-sparse variants" in err and "simt" in err and "tensorcore" in err

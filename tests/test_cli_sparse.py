@@ -212,14 +212,16 @@ def test_the_problem_of_a_weights_file(tmp_path, weights):
 
 def test_compile_shows_the_sparse_problem(capsys, tmp_path, monkeypatch, weights):
     monkeypatch.setenv("GEMMSCAPE_CACHE", str(tmp_path / "cache"))
+    variant = ["--wn", "32", "--tn", "4"]  # a block tile one 32-wide block row across (bn follows the block)
     code, out, err = run(["compile", "--arch", "sm_90", *SMALL, "--block", "32", "--density", "0.25",
-                          "--pattern-seed", "7"], capsys)
+                          "--pattern-seed", "7", *variant], capsys)
     pattern = sparse.Pattern.random(100, 200, 32, 0.25, seed=7)
     assert code == 0, err
+    assert out.startswith("simt_fp32_nobias_128x32x8_w32x32_t8x4_") and "_bsr32 " in out.splitlines()[0]
     assert (f"  problem 64x100x200_fp32_forward_bsr32_d0.25_{pattern.hash[:8]} (W 100x200 block-sparse: 7 of 28 "
             f"32x32 blocks kept, density 0.25)\n") in out
     code, out, err = run(["compile", "--arch", "sm_90", "--m", "64", "--block", "32", "--weights", str(weights),
-                          "--json"], capsys)
+                          "--json", *variant], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert doc["problem"] == {"m": 64, "n": 96, "k": 64, "dtype": "fp32", "layout": "forward", "bias": False,
@@ -227,6 +229,8 @@ def test_compile_shows_the_sparse_problem(capsys, tmp_path, monkeypatch, weights
                               "pattern": sparse.from_dense(np.load(weights), 32)[0].hash}
     code, out, _ = run(["compile", "--arch", "sm_90", "--json"], capsys)
     assert code == 0 and "problem" not in json.loads(out)  # no problem given: none shown
+    code, _, err = run(["compile", "--arch", "sm_90", *SMALL, "--block", "32", "--density", "0.25"], capsys)
+    assert code == 2 and "bn must equal the block" not in err and "warp tile 32x64" in err  # bn follows the block
 
 
 def test_search_builds_the_sparse_problem(capsys, db, default_store):

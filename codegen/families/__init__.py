@@ -17,10 +17,12 @@ from typing import Any
 
 from codegen.spec import KernelSpec
 
-__all__ = ["family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name", "variant_fields"]
+__all__ = ["family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name", "takes_sparse",
+           "variant_fields"]
 
-#: Fields every family's Spec has; the others are its variant fields.
-COMMON_FIELDS = ("dtype", "bias")
+#: Fields the problem sets (``block``, W's sparse block size with 0 for a dense W, only in families
+#: with block-sparse variants); a family's other fields are its variant fields.
+COMMON_FIELDS = ("dtype", "bias", "block")
 
 
 def plugin_modules(path, package: str, what: str) -> dict[str, ModuleType]:
@@ -82,6 +84,11 @@ def spec_from_name(name: str) -> KernelSpec:
     raise ValueError(f"{name!r} is not a kernel name of any family ({', '.join(names())})")
 
 
+def takes_sparse(name: str) -> bool:
+    """Whether family ``name`` has block-sparse variants (its Spec has a ``block`` field)."""
+    return any(f.name == "block" for f in dataclasses.fields(get(name).Spec))
+
+
 def variant_fields(name: str) -> list[dataclasses.Field]:
-    """A family's own spec fields (all but dtype and bias), in declaration order."""
+    """A family's own spec fields (all but those the problem sets), in declaration order."""
     return [f for f in dataclasses.fields(get(name).Spec) if f.name not in COMMON_FIELDS]
