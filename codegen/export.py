@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from codegen.families import family_of, spec_from_dict
-from codegen.launch import ARG_TYPES, grid_rule, plan
+from codegen.launch import ARG_TYPES, BSR_ARGS, grid_rule, plan
 from codegen.problem import Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
@@ -36,6 +36,7 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
              source_hash: str | None = None, rerendered: bool = False) -> dict:
     cuda = DTYPE_CUDA[spec.dtype]
     launch = plan(spec, problem)
+    block = getattr(spec, "block", 0)
     family_headers = getattr(family_of(spec), "headers", lambda _spec: [])(spec)
     headers = list(dict.fromkeys(([cuda["header"]] if cuda["header"] else []) + family_headers))
     kernels = []
@@ -70,6 +71,8 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "arguments_note": "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias; "
                           "WS is the float32 workspace (null when workspace_bytes is 0)",
         "problem": problem.to_dict(),
+        **({"sparse": {"format": "BSR", "block": block, "arguments": BSR_ARGS.format(block=block),
+                       "pattern": problem.pattern, "density": problem.density}} if block else {}),
         "measured": measured,
     }
 

@@ -85,3 +85,26 @@ def test_unknown_problem_is_refused_with_the_suite_s_problems(capsys):
         run.main(["--suite", "skinny", "--problems", "3x3x3_fp32_forward"])
     assert stop.value.code == 2
     assert "32x4096x4096_fp32_forward" in capsys.readouterr().err
+
+
+def test_sparse_report_holds_our_best_block_against_the_baseline_s_best(tmp_path):
+    """Made-up figures, written here: the report's arithmetic, not a measurement."""
+    from benchmarks.sparse_report import report
+
+    def rec(block, density, ours, cublas, bsr):
+        return {"problem": {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "forward", "bias": False,
+                            "block": block, "density": density, "pattern": f"p{block}{density}"},
+                "ours": {"kernel": f"k{block}", "median_ms": ours, "p20_ms": ours, "p80_ms": ours},
+                "baselines": {"cublas": {"median_ms": cublas}, "torch_bsr": {"median_ms": bsr}}}
+
+    path = tmp_path / "sparse-x.json"
+    path.write_text(json.dumps({"records": [rec(32, 0.1, 0.05, 0.2, 0.4), rec(64, 0.1, 0.04, 0.21, 0.1),
+                                            rec(64, 0.25, 0.1, 0.2, 0.3), rec(64, 0.5, 0.3, 0.2, 0.5)]}))
+    doc = report([path])
+    t = {(x["baseline"], x["density"]): x for x in doc["targets"] if (x["m"], x["dtype"]) == (4096, "bf16")}
+    assert all(x["ratio"] is None for x in doc["targets"] if x["dtype"] == "fp32")  # nothing measured: no verdict
+    assert t[("torch_bsr", 0.1)]["ratio"] == pytest.approx(0.1 / 0.04) and t[("torch_bsr", 0.1)]["met"] is False
+    assert t[("cublas", 0.1)]["ratio"] == pytest.approx(0.2 / 0.04) and t[("cublas", 0.1)]["met"] is True
+    even = {e["block"]: e for e in doc["break_even"]}
+    # block 64 wins at 0.1 (5.25x) and 0.25 (2x), loses at 0.5 (0.67x): crossing between 0.25 and 0.5
+    assert even[64]["break_even_vs_cublas"] == pytest.approx(0.25 + (2 - 1) * 0.25 / (2 - 0.2 / 0.3))

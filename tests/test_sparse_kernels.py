@@ -96,3 +96,15 @@ def test_the_probe_of_a_sparse_problem_is_sparse_and_shipped_to_the_worker():
     shipped = patterns(PROBLEM, probe, Problem(1, 2, 3))
     assert set(shipped) == {PROBLEM.pattern, probe.pattern}
     assert sparse.Pattern.from_dict(shipped[probe.pattern]).hash == probe.pattern
+
+
+def test_an_exported_sparse_kernel_describes_its_bsr_arguments():
+    from codegen.export import manifest
+
+    spec = TcSpec(bias=True, bn=32, bk=32, wm=32, wn=32, block=32)
+    doc = manifest(spec, PROBLEM, "sm_90")
+    args = [(a["name"], a["type"]) for a in doc["kernels"][0]["args"]]
+    assert ("RP", "const int*") in args and ("CI", "const int*") in args and ("W", "const __nv_bfloat16*") in args
+    assert doc["sparse"]["block"] == 32 and doc["sparse"]["pattern"] == PATTERN.hash
+    assert "[nnzb][32][32]" in doc["sparse"]["arguments"] and "RP[ceil(N/32)+1]" in doc["grid_rule"]
+    assert "sparse" not in manifest(TcSpec(bias=True), Problem(64, 64, 64, DType.bf16, bias=True), "sm_90")
