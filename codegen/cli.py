@@ -620,7 +620,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
                              command=command, versions=versions(),
-                             seeds=None if args.no_seeds else seeds(space.family))
+                             seeds=None if args.no_seeds else seeds(space.family, problem.block))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
         print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -95,6 +95,8 @@ def point_of(spec: KernelSpec) -> dict:
     return _module(spec.family).point_of(spec)
 
 
-def seeds(family: str) -> list[dict]:
-    """Known-good points of the family's space, tried first by a new search."""
-    return [dict(p) for p in _module(family).SEEDS]
+def seeds(family: str, block: int = 0) -> list[dict]:
+    """Known-good points of the family's space, tried first by a new search (for a block-sparse W,
+    the family's SPARSE_SEEDS where it has them)."""
+    module = _module(family)
+    return [dict(p) for p in (getattr(module, "SPARSE_SEEDS", []) if block else module.SEEDS)]

@@ -49,6 +49,23 @@ SEEDS: list[dict] = [
 ]
 
 
+def _sparse(bm, bk, tm, tn, lanes_m, stages, copy, split_k=1) -> dict:
+    return dict(bm=bm, bn=64, bk=bk, tm=tm, tn=tn, lanes_m=lanes_m, pad=4, vec=4, stages=stages, copy=copy, group_m=1,
+                split_k=split_k, reduce="atomic")
+
+
+#: Block-sparse W: the best kernels of the searched H200 sparsity suite (fp32, 2026-12-01,
+#: benchmarks/results/sparse-NVIDIA_H200-2026-12-01T063544Z.json); ``bn`` is the problem's block.
+SPARSE_SEEDS: list[dict] = [
+    _sparse(128, 16, 8, 8, 4, 2, "reg"),  # block 64
+    _sparse(64, 16, 8, 8, 4, 2, "async"),
+    _sparse(128, 16, 8, 4, 8, 3, "async"),  # blocks 16 and 32
+    _sparse(128, 16, 8, 4, 4, 2, "reg"),
+    _sparse(32, 32, 4, 4, 4, 3, "async", split_k=4),  # batch 32
+    _sparse(32, 16, 4, 2, 8, 2, "reg", split_k=8),
+]
+
+
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point of the space onto a spec for the problem (may be an invalid spec)."""
     p = dict(point)

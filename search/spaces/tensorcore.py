@@ -59,6 +59,23 @@ SEEDS = [
 ]
 
 
+#: Block-sparse W: the best kernels of the searched H200 sparsity suite (2026-12-01,
+#: benchmarks/results/sparse-NVIDIA_H200-2026-12-01T062446Z.json and ...T064451Z.json); ``bn`` is
+#: the problem's block whatever the point says.
+SPARSE_SEEDS = [
+    _point(128, 64, 64, 64, 32, 1, 4, "smem"),  # block 64, density 0.25-0.5
+    _point(128, 64, 32, 32, 64, 1, 4, "smem"),  # block 64, density 0.1
+    _point(256, 32, 32, 64, 32, 1, 4, "smem", group_m=4),  # block 32
+    _point(128, 32, 32, 64, 32, 1, 4, "smem"),
+    _point(128, 16, 64, 32, 16, 1, 4, "smem"),  # block 16: four blocks per k-tile
+    _point(128, 16, 16, 32, 16, 1, 4, "smem"),
+    _point(32, 64, 64, 32, 32, 2, 4, "smem"),  # batch 32
+    _point(32, 32, 64, 16, 16, 2, 4, "smem", group_m=4),
+    _point(32, 16, 128, 16, 16, 4, 4, "smem"),
+    dict(_point(32, 32, 32, 16, 32, 1, 4, "smem", group_m=4), split_k=4),
+]
+
+
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem. Choices a rule fixes are derived, not sampled:
     wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, a 16-bit output
