@@ -6,8 +6,8 @@ on problems with the same kind of W (dense only from dense; block-sparse only fr
 size). Bias is left out of the distance (it adds b[N] in the epilogue; the tile that wins hardly
 changes) and breaks ties: of two equally near problems, the one with the problem's bias comes
 first. The problem itself counts, at distance 0: a new study of a problem already searched (another
-sampler or seed) starts from its best kernels, and those cost no budget where their result for
-the same source is stored (the runner reuses it).
+sampler or seed) starts from its best kernels, and those cost no budget where this device's
+result for the same source is stored (the runner reuses it).
 
 Nearness is the Euclidean distance over ln m, ln n and ln k, and for a block-sparse W ln density
 too (floored at 1%, so that an all-zero W is not infinitely far).
