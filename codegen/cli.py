@@ -564,12 +564,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK if result["status"] == "ok" else EXIT_FAILURE
 
 
+def search_seeds(args: argparse.Namespace, problem: Problem, space, space_name: str, measurer, store):
+    """What a search tries first (search.warm.Seeding): nothing with --no-seeds; the family's
+    built-in seeds with --no-warm-start or --no-store; else the store's best kernels for the
+    nearest problems (warm start). A study that has started already is resumed: no seeds."""
+    from search import warm
+    from search.runner import study_name
+
+    if args.no_seeds:
+        return warm.no_seeds("no seeds (--no-seeds)")
+    name = study_name(problem, space_name, args.sampler, args.seed, measurer.device.get("name", "?"))
+    if warm.study_started(store, name):
+        return warm.resumed(name)
+    if args.no_warm_start or store is None:
+        found = warm.builtin_seeds(problem, space, measurer.limits)
+        flag = "--no-warm-start" if args.no_warm_start else "--no-store: no history to start from"
+        return warm.Seeding(found, "built-in" if found else "none", f"the family's built-in seeds ({flag})")
+    return warm.warm_seeds(store, problem, space, measurer.device, limits=measurer.limits)
+
+
+def say_seeds(say, seeding, quiet: bool) -> None:
+    """The seeds a search tries first: a count with --quiet, else one line per seed."""
+    n, mine = len(seeding.seeds), seeding.from_history
+    if seeding.source in ("none", "resumed"):
+        say(seeding.note)
+        return
+    count = f"{n} seed{'s' if n != 1 else ''}" + (f" ({mine} from the store, {n - mine} built-in)" if mine else "")
+    if quiet:
+        say(f"seeds: {count}")
+        return
+    dropped = len(seeding.dropped)
+    say(f"seeds: {count}; {seeding.note}" + (f"; {dropped} left out (not points of this space, or invalid here)"
+                                            if dropped else ""))
+    for seed in seeding.seeds:
+        say(f"  seed {seed.describe()}")
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from codegen.versions import versions
     from search.measure import NoGpu, ReplayError, ReplayMeasurer
     from search.parallel import gpu_measurer
     from search.runner import run_search
-    from search.space import seeds, space_for
+    from search.space import space_for
 
     say = printer(args.json)
     problem = problem_from_args(args)
@@ -617,10 +653,15 @@ def cmd_search(args: argparse.Namespace) -> int:
             measurer.close()
             raise
     try:
+        seeding = search_seeds(args, problem, space, space_name, measurer, store)
+    except BaseException:
+        measurer.close()
+        raise
+    say_seeds(say, seeding, args.quiet)
+    try:
         summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
                              space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
-                             command=command, versions=versions(),
-                             seeds=None if args.no_seeds else seeds(space.family, problem.block))
+                             command=command, versions=versions(), seeds=seeding.points)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
         print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -646,7 +687,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                           "store": store.location if store is not None else None,
                           "evaluated": summary.evaluated, "wall_s": summary.wall_s,
                           "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
-                          "history": summary.history, "stopped": summary.stopped}))
+                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict()}))
     return EXIT_OK if best else EXIT_FAILURE
 
 
@@ -821,7 +862,11 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--replay", type=Path, metavar="FILE",
                    help="answer from a recorded sweep, no GPU; trials are stored under a device named as a "
                         "recording (default: none, measure on the GPU)")
-    p.add_argument("--no-seeds", action="store_true", help="do not try the family's known-good points first")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="do not start from the store's best kernels for the nearest problems (same family, dtype "
+                        "and GPU); try only the family's built-in seeds first")
+    p.add_argument("--no-seeds", action="store_true",
+                   help="try no known points first: neither the store's (warm start) nor the family's built-in seeds")
     add_gpu_args(p, timeout=30.0)
     p.add_argument("--no-store", action="store_true", help="do not record the trials")
     p.add_argument("--lookahead", type=positive_int, default=4, help="candidates compiling ahead of the GPU")

@@ -344,6 +344,25 @@ class Store:
             base = queries.filtered_trials(problem_key=key, device_id=device_id, family=family)
             return queries.best_rows(session, base, per_problem, limit)
 
+    def best_similar(
+        self,
+        *,
+        family: str,
+        dtype: str,
+        block: int = 0,
+        device_ids: Iterable[int],
+        per_problem: int = 1,
+    ) -> list[dict[str, Any]]:
+        """The fastest ok trials (``per_problem`` distinct kernels per problem and device, as ``best``
+        gives them) of ``family`` on every problem of ``dtype`` with the same kind of W (``block`` 0:
+        dense; else block-sparse in ``block``-sized blocks), on the devices ``device_ids``."""
+        device_ids = list(device_ids)
+        if not self.ready or not device_ids:
+            return []
+        with self._read() as session:
+            base = queries.similar_trials(family=family, dtype=dtype, block=block, device_ids=device_ids)
+            return queries.best_rows(session, base, per_problem, None)
+
     def best_for(
         self, problem: ProblemKey | str, device_id: int | None = None, family: str | None = None
     ) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, defer, joinedload
 from sqlalchemy.orm.interfaces import LoaderOption
 
@@ -71,6 +71,15 @@ def filtered_trials(
     if study is not None:
         q = q.where(Trial.run_id.in_(select(Run.id).where(Run.study_name == study)))
     return q
+
+
+def similar_trials(*, family: str, dtype: str, block: int, device_ids: Iterable[int]) -> Select[tuple[Trial]]:
+    """Trials of one family on problems of one dtype and one kind of W (``block`` 0: dense; else
+    block-sparse in ``block``-sized blocks), on the given devices: where a warm start looks."""
+    q = filtered_trials(family=family).where(Problem.dtype == dtype, Trial.device_id.in_(list(device_ids)))
+    if block:
+        return q.where(Problem.block == block)
+    return q.where(or_(Problem.block.is_(None), Problem.block == 0))
 
 
 def kernel_identity(name: str, arch: str, source_hash: str | None) -> Select[tuple[Kernel]]:
