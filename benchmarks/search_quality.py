@@ -3,7 +3,7 @@
     python3 -m benchmarks.search_quality [--seeds 20] [--budget 200] [--samplers NAME ...]
                                          [--recordings FILE ...] [--workers N] [--out DIR]
                                          [--markdown FILE]
-    python3 -m benchmarks.search_quality --from RESULT.json --markdown FILE     # the table only
+    python3 -m benchmarks.search_quality --from RESULT.json [...] --markdown FILE     # tables only
 
 A REPLAY, not a GPU measurement: every search is the real runner (``search.runner.run_search``)
 over a ``ReplayMeasurer`` that answers from an exhaustive sweep recorded on a GPU
@@ -536,14 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: one per CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON (default benchmarks/results/)")
     ap.add_argument("--markdown", type=Path, help="write the tables to FILE (between the markers if it has them)")
-    ap.add_argument("--from", dest="from_json", type=Path, help="make the tables from this result; run nothing")
+    ap.add_argument("--from", dest="from_json", type=Path, nargs="+", metavar="JSON",
+                    help="make the tables from these results (one after another); run nothing")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
     if args.from_json:
         if not args.markdown:
             ap.error("--from needs --markdown FILE")
-        write_markdown(markdown(json.loads(args.from_json.read_text())), args.markdown)
+        write_markdown("\n".join(markdown(json.loads(p.read_text())) for p in args.from_json), args.markdown)
         return 0
     if args.seeds < 1 or args.budget < 1:
         ap.error("--seeds and --budget must be >= 1")
