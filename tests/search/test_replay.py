@@ -92,9 +92,9 @@ def test_tpe_finds_the_best_kernels_sooner_than_random_sampling_can(fraction, se
     binomial tail; the bound is the largest B where that tail is <= 5%:
     97%, 31 seeds -> B = 28 (P = 0.041); 99.5%, 9 seeds -> B = 61 (P = 0.048).
 
-    Why these: at 97% the recording separates samplers weakly (TPE's measured median is 24 trials
+    Why these: at 97% the recording separates samplers weakly (TPE's measured median is 23-24 trials
     against random's 45), so it takes 31 seeds for a 5% bound TPE clears; at 99.5% (3 points) the
-    gap is wide (TPE about 30, random 139) and 9 seeds suffice. Searches stop at the bound: a seed
+    gap is wide (TPE about 31, random 139) and 9 seeds suffice. Searches stop at the bound: a seed
     that needs more counts as "more", which is all the median needs.
     """
     m = ReplayMeasurer(RECORDING)
