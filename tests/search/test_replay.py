@@ -7,6 +7,7 @@ was recorded on 2026-11-30 on the lent NVIDIA H200 (driver 580.159.04, NVRTC 13.
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -48,12 +49,60 @@ def test_every_sampler_runs_through_replay(sampler):
     assert summary.history == sorted(summary.history)  # best-so-far never drops
 
 
-def test_tpe_at_200_reaches_95_percent_of_the_recorded_best():
-    ratios = []
-    for seed in range(5):
-        summary, m = replay("tpe", seed, 200)
-        ratios.append(summary.best["tflops"] / m.best["tflops"])
-    assert statistics.median(ratios) >= 0.95, ratios
+def random_can_only_rarely_beat(m: ReplayMeasurer, fraction: float, seeds: int, alpha: float = 0.05) -> int:
+    """The largest B such that random sampling's median trials-to-``fraction`` over ``seeds`` (odd)
+    seeds is <= B with probability <= ``alpha``, from the recording's exact random distribution."""
+    from benchmarks.search_quality import median_at_most_probability, random_trials_cdf
+
+    best = m.best["tflops"]
+    good = sum(r["tflops"] >= fraction * best * (1 - 1e-9) for r in m.results.values() if r["status"] == "ok")
+    p = lambda b: median_at_most_probability(random_trials_cdf(len(m.results), good, b), seeds)  # noqa: E731
+    return max(b for b in range(1, len(m.results)) if p(b) <= alpha)
+
+
+def median_trials_to(sampler: str, fraction: float, seeds: int, budget: int) -> float:
+    """Median over sampler seeds 0..seeds-1 of the evaluated trials until ``fraction`` of the
+    recorded best is found, unseeded; a seed that does not get there within ``budget`` counts as
+    more than any number (``math.inf``)."""
+    from benchmarks.search_quality import trials_to
+
+    found = []
+    for seed in range(seeds):
+        summary, m = replay(sampler, seed, budget)
+        t = trials_to(summary.history, m.best["tflops"], fraction)
+        found.append(math.inf if t is None else t)
+    return statistics.median(found)
+
+
+@pytest.mark.parametrize(("fraction", "seeds", "bound"), [(0.995, 9, 61), (0.97, 31, 28)])
+def test_tpe_finds_the_best_kernels_sooner_than_random_sampling_can(fraction, seeds, bound):
+    """TPE's median trials to ``fraction`` of the recorded best, over ``seeds`` seeds, is at most
+    ``bound``: a bound that random sampling meets with probability <= 5%, so a TPE that is no
+    better than random (e.g. one replaced by the random sampler) fails this test with probability
+    >= 95%; with these fixed seeds, random in TPE's place fails it (checked when it was written).
+
+    Derivation (exact, from the recording; no tuning to TPE's results). The recording holds the
+    672 valid points of its space; 10 are within 97% of the best and 3 within 99.5%. The runner's
+    random sampler evaluates each valid point at most once and invalid or repeated proposals cost
+    nothing, so its evaluated sequence is a uniformly random order of the 672 points and its
+    trials-to-threshold T has P(T <= t) = 1 - C(672-k, t) / C(672, t), k the points above the
+    threshold: a median of 45 trials to 97% (95th percentile 173) and 139 to 99.5%. 200 measured
+    random searches agree (median 47.5 to 97%; benchmarks/results/search-quality-*.json). The
+    median of n (odd) independent seeds is <= B exactly when at least (n+1)/2 of them are, a
+    binomial tail; the bound is the largest B where that tail is <= 5%:
+    97%, 31 seeds -> B = 28 (P = 0.041); 99.5%, 9 seeds -> B = 61 (P = 0.048).
+
+    Why these: at 97% the recording separates samplers weakly (TPE's measured median is 23-24 trials
+    against random's 45), so it takes 31 seeds for a 5% bound TPE clears; at 99.5% (3 points) the
+    gap is wide (TPE about 31, random 139) and 9 seeds suffice. Searches stop at the bound: a seed
+    that needs more counts as "more", which is all the median needs.
+    """
+    m = ReplayMeasurer(RECORDING)
+    assert random_can_only_rarely_beat(m, fraction, seeds) == bound  # the docstring's numbers
+    median = median_trials_to("tpe", fraction, seeds, budget=bound)
+    assert median <= bound, (f"TPE's median trials to {fraction:.1%} of the recorded best over {seeds} seeds is "
+                             f"{f'more than {bound}' if math.isinf(median) else median}: no better than random "
+                             f"sampling, which gets <= {bound} with p <= 5%")
 
 
 def test_tpe_beats_random_at_50():
