@@ -55,3 +55,26 @@ def _private_store(tmp_path_factory, monkeypatch):
     """A test that names no store writes to a throw-away one, never to ~/.local/share/gemmscape."""
     folder = tmp_path_factory.mktemp("default-store")
     monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{folder / 'gemmscape.db'}")
+
+
+# ---- stores for the command-line tests (tests/test_cli_errors.py, tests/test_cli_sparse.py) ----------
+@pytest.fixture
+def db(tmp_path):
+    """A store with one ok trial (closed, so the file alone holds it); its URL and path."""
+    from codegen.families.simt import Spec as SimtSpec
+    from codegen.problem import Problem
+    from store import Store
+    from tests.test_cli_errors import DEVICE, add_ok
+
+    path = tmp_path / "g.db"
+    with Store(f"sqlite:///{path}") as store:
+        add_ok(store, SimtSpec(), Problem(64, 64, 64), DEVICE, 0.01)
+    return f"sqlite:///{path}", path
+
+
+@pytest.fixture
+def default_store(tmp_path, monkeypatch):
+    """Where the default store would be; tests assert it is never created by a mistake."""
+    path = tmp_path / "default" / "gemmscape.db"
+    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{path}")
+    return path

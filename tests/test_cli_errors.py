@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from codegen import cli, families
-from codegen.families.simt import Spec as SimtSpec
-from codegen.problem import Problem
 
 RECORDING = Path(__file__).resolve().parents[1] / "search" / "recordings" / "replay-simt-4096x4096x4096-fp32.json"
 BIG = ["--m", "4096", "--n", "4096", "--k", "4096"]
@@ -53,25 +51,6 @@ def add_ok(store, spec, problem, device: dict, ms: float) -> None:
               "tflops": problem.flops / ms / 1e9, "gbps": 1.0, "rel_error": 1e-7, "baselines": {}, "ratio": {}}
     store.add_trial(None, spec.name, "sm_90", problem, store.device(device), None, result, spec.to_dict(),
                     source_hash=source_hash(record["source"]))
-
-
-@pytest.fixture
-def db(tmp_path):
-    """A store with one ok trial (closed, so the file alone holds it); its URL and path."""
-    from store import Store
-
-    path = tmp_path / "g.db"
-    with Store(f"sqlite:///{path}") as store:
-        add_ok(store, SimtSpec(), Problem(64, 64, 64), DEVICE, 0.01)
-    return f"sqlite:///{path}", path
-
-
-@pytest.fixture
-def default_store(tmp_path, monkeypatch):
-    """Where the default store would be; tests assert it is never created by a mistake."""
-    path = tmp_path / "default" / "gemmscape.db"
-    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{path}")
-    return path
 
 
 def assert_usage(argv, capsys, *needles, code=2, db_path: Path | None = None, default: Path | None = None):

@@ -22,22 +22,6 @@ SMALL = ["--m", "64", "--n", "100", "--k", "200"]  # W in 32x32 blocks: 4 x 7
 BIG = ["--m", "4096", "--n", "4096", "--k", "4096"]
 
 
-@pytest.fixture
-def db(tmp_path):
-    """A store with one ok dense trial; its URL and path."""
-    from store import Store
-
-    path = tmp_path / "g.db"
-    with Store(f"sqlite:///{path}") as store:
-        add_ok(store, SimtSpec(), Problem(64, 64, 64), DEVICE, 0.01)
-    return f"sqlite:///{path}", path
-
-
-@pytest.fixture
-def default_store(tmp_path, monkeypatch):
-    path = tmp_path / "default" / "gemmscape.db"
-    monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{path}")
-    return path
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from codegen import cli
 from codegen.problem import DType, Problem
 from codegen.spec import DeviceLimits
 from search import warm
 from search.space import point_of, seeds, space_for
 from store import Store
+from tests.test_cli_errors import run
 
 RECORDING = Path(__file__).resolve().parents[2] / "search" / "recordings" / "replay-simt-4096x4096x4096-fp32.json"
 BIG = ["--m", "4096", "--n", "4096", "--k", "4096"]
@@ -275,15 +275,6 @@ def test_replayed_searches_warm_a_search_of_another_shape(tmp_path):
 
 
 # ---- the command line ------------------------------------------------------------------------------
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as stop:
-        code = stop.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def history(tmp_path):
     """A store holding searches of two other shapes on the H200 (live), and its URL: kernels of the
