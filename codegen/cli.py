@@ -693,9 +693,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from search.measure import GpuMeasurer, NoGpu
-    from search.space import space_for
+    from search.space import narrowings, space_for
 
     problem = problem_from_args(args)
+    if args.space not in narrowings(family_of_args(args)):
+        raise UsageError(f"--space {args.space}: the {family_of_args(args)} family's narrowings are "
+                         f"{', '.join(narrowings(family_of_args(args)))}")
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} already exists; a sweep does not overwrite a recording: remove it or "
                          f"choose another name")
@@ -709,8 +712,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from search.sweep import sweep
 
     try:
-        doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=True), measurer,
-                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]))
+        doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=args.space), measurer,
+                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space)
     finally:
         measurer.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -877,9 +880,12 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON on stdout (the summary lines go to stderr)")
     p.set_defaults(func=cmd_search)
 
-    p = command("sweep", "measure every valid point of the restricted space; write a replay recording")
+    p = command("sweep", "measure every valid point of a narrowed space; write a replay recording")
     add_problem_args(p)
-    add_family_arg(p, "whose restricted space is swept")
+    add_family_arg(p, "whose narrowed space is swept")
+    p.add_argument("--space", default="restricted", metavar="NAME",
+                   help="which narrowing of the family's space: restricted (default) or one of its larger "
+                        "NARROWINGS (simt: skinny; tensorcore: large)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
                    help="the recording to write (a new file)")
     add_gpu_args(p, timeout=30.0)

@@ -15,7 +15,7 @@ from codegen import families
 from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 
-__all__ = ["Space", "point_of", "seeds", "space_for", "to_spec"]
+__all__ = ["Space", "narrowings", "point_of", "seeds", "space_for", "to_spec"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,10 @@ def _module(family: str):
     return spaces.get(family)
 
 
-def space_for(family: str, dtype: DType, restricted: bool = False, block: int = 0) -> Space:
+def space_for(family: str, dtype: DType, restricted: bool | str = False, block: int = 0) -> Space:
     """The family's space for ``dtype`` (and a W block-sparse in ``block``-sized blocks, 0: dense);
-    ``restricted`` narrows it to what sweeps record."""
+    ``restricted`` narrows it to what sweeps record: True (or "restricted") the family's RESTRICTED
+    narrowing, another name one of its NARROWINGS (larger ones, recorded for harder replays)."""
     module = _module(family)
     takes = getattr(families.get(family), "DTYPES", None)
     if takes is not None and DType(dtype) not in takes:
@@ -81,8 +82,17 @@ def space_for(family: str, dtype: DType, restricted: bool = False, block: int = 
     space = module.space(dtype, block)
     if not restricted:
         return space
-    narrow = {k: [v for v in vs if v in space.dims[k]] for k, vs in module.RESTRICTED.items() if k in space.dims}
+    narrowings = {"restricted": module.RESTRICTED, **getattr(module, "NARROWINGS", {})}
+    name = "restricted" if restricted is True else restricted
+    if name not in narrowings:
+        raise ValueError(f"the {family} family has no narrowing {name!r}; it has {', '.join(sorted(narrowings))}")
+    narrow = {k: [v for v in vs if v in space.dims[k]] for k, vs in narrowings[name].items() if k in space.dims}
     return space.restrict(**{k: vs for k, vs in narrow.items() if vs})
+
+
+def narrowings(family: str) -> list[str]:
+    """The names ``space_for(..., restricted=NAME)`` accepts for the family."""
+    return ["restricted", *getattr(_module(family), "NARROWINGS", {})]
 
 
 def to_spec(family: str, point: dict, problem: Problem) -> KernelSpec:

@@ -190,6 +190,15 @@ def test_sweep_out_onto_an_existing_file_or_under_one(capsys, tmp_path, db):
     assert target.read_text() == "mine\n"
 
 
+def test_sweep_names_the_narrowings_it_knows(capsys, tmp_path, db):
+    url, path = db
+    out = tmp_path / "r.json"
+    assert_usage(["sweep", *BIG, "--space", "huge", "--out", str(out), "--db", url], capsys, "skinny", db_path=path)
+    assert_usage(["sweep", *BIG, "--family", "tensorcore", "--dtype", "bf16", "--space", "skinny", "--out", str(out),
+                  "--db", url], capsys, "restricted, large", db_path=path)
+    assert not out.exists()
+
+
 # ---- options ---------------------------------------------------------------------------------------
 def _choice_flags() -> list[tuple[str, str]]:
     out = []

@@ -39,6 +39,16 @@ RESTRICTED = dict(
     pad=(0, 4), vec=(4,), stages=(2,), copy=("reg",), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
 )
 
+#: Larger narrowings, recorded exhaustively on the H200 for harder replays: the dimensions that
+#: matter for a skinny layer (copy mode, stages, split-K and its reduction) with the tiles around
+#: the good region for M = 32 (bm <= 32).
+NARROWINGS = {
+    "skinny": dict(
+        bm=(16, 32), bn=(64, 128, 256), bk=(16, 32), tm=(2, 4), tn=(4, 8), lanes_m=(2, 4, 8), pad=(4,), vec=(4,),
+        stages=(2, 3, 4), copy=("reg", "async"), group_m=(1,), split_k=(1, 4, 8, 16), reduce=("atomic", "two_pass"),
+    ),
+}
+
 #: Known-good points (measured on the H200, see benchmarks/NOTES.md): the square tile and the
 #: skinny cp.async tile with split-K.
 SEEDS: list[dict] = [

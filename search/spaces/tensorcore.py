@@ -41,6 +41,16 @@ RESTRICTED = dict(
     smem=("swizzle",), epilogue=("direct",), group_m=(8,), split_k=(1,), reduce=("two_pass",), prepass=("none",),
 )
 
+#: Larger narrowings, recorded exhaustively on the H200 for harder replays: block and warp tiles,
+#: slice-K warps, pipeline depth, epilogue, raster order and split-K of the mma.sync path.
+NARROWINGS = {
+    "large": dict(
+        mma=("mma",), bm=(64, 128, 256), bn=(64, 128, 256), bk=(32, 64), wm=(32, 64), wn=(32, 64), warps_k=(1, 2),
+        stages=(2, 3, 4, 5), smem=("swizzle",), epilogue=("direct", "smem"), group_m=(1, 8), split_k=(1, 2),
+        reduce=("two_pass",), prepass=("none",),
+    ),
+}
+
 #: Known-good points: the best kernels of the searched H200 suite (2026-12-01,
 #: benchmarks/results/tensorcore-NVIDIA_H200-2026-12-01T043328Z.json). A search tries them first;
 #: those invalid for a problem cost nothing.

@@ -1,0 +1,41 @@
+"""The larger narrowings that sweeps record (search/spaces/*.py NARROWINGS): each is a narrowing of its
+family's full space, holds thousands of valid kernels for its intended problem (the issue of a replay
+too easy to tell samplers apart), and spans the dimensions that matter."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.problem import DType, Problem
+from codegen.spec import DeviceLimits
+from search.space import narrowings, space_for
+
+
+def valid_kernels(family: str, problem: Problem, name: str) -> dict:
+    space = space_for(family, problem.dtype, restricted=name)
+    specs = {}
+    for point in space.points():
+        spec = space.spec(point, problem)
+        specs.setdefault(spec.name, spec)
+    return {n: s for n, s in specs.items() if not s.check(problem, DeviceLimits())}
+
+
+@pytest.mark.parametrize("family, problem, name, varied", [
+    ("simt", Problem(32, 4096, 4096, DType.fp32), "skinny", ("copy", "stages", "split_k", "reduce")),
+    ("tensorcore", Problem(4096, 4096, 4096, DType.bf16), "large", ("stages", "split_k", "warps_k", "epilogue")),
+])
+def test_a_recorded_narrowing_holds_thousands_of_valid_kernels(family, problem, name, varied):
+    assert name in narrowings(family)
+    full = space_for(family, problem.dtype)
+    narrow = space_for(family, problem.dtype, restricted=name)
+    assert all(set(v) <= set(full.dims[k]) for k, v in narrow.dims.items())
+    valid = valid_kernels(family, problem, name)
+    assert 2000 <= len(valid) <= 4000, len(valid)  # enough to separate samplers, small enough to sweep in minutes
+    for dim in varied:
+        assert len({getattr(s, dim) for s in valid.values()}) > 1, dim
+
+
+def test_an_unknown_narrowing_is_refused_by_name():
+    with pytest.raises(ValueError, match="no narrowing 'huge'"):
+        space_for("simt", DType.fp32, restricted="huge")
+    assert space_for("simt", DType.fp32, restricted=True).dims == space_for("simt", DType.fp32, "restricted").dims
