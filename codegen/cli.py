@@ -713,7 +713,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     try:
         doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=args.space), measurer,
-                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space)
+                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space,
+                    max_seconds=args.max_seconds)
     finally:
         measurer.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -886,6 +887,8 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--space", default="restricted", metavar="NAME",
                    help="which narrowing of the family's space: restricted (default) or one of its larger "
                         "NARROWINGS (simt: skinny; tensorcore: large)")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help="start no kernel after S seconds; the recording then says it is partial")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
                    help="the recording to write (a new file)")
     add_gpu_args(p, timeout=30.0)

@@ -15,8 +15,9 @@ KEPT = ("status", "evidence", "median_ms", "p20_ms", "p80_ms", "tflops", "gbps",
 
 
 def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: int = 16, progress: bool = True,
-          command: str = "", space_name: str = "restricted") -> dict:
-    """Measure every valid point once; return the replay document (results keyed by kernel name)."""
+          command: str = "", space_name: str = "restricted", max_seconds: float | None = None) -> dict:
+    """Measure every valid point once; return the replay document (results keyed by kernel name).
+    With ``max_seconds`` no kernel is started after that long, and the document says it is partial."""
     specs = {}
     for point in space.points():
         spec = space.spec(point, problem)
@@ -46,19 +47,22 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
                                 len(results) - 1, done.result, done.spec.to_dict(),
                                 source_hash=done.kernel.get("source_hash"))
             bar.update(1)
-            nxt = next(todo, None)
+            late = max_seconds is not None and time.monotonic() - started > max_seconds
+            nxt = None if late else next(todo, None)
             if nxt is not None:
                 measurer.submit(nxt.name, nxt)
     if store is not None and run_id is not None:
         store.end_run(run_id)
     device = measurer.device
+    whole = "every valid point" if len(results) == len(valid) else \
+        f"PARTIAL (stopped after {max_seconds:.0f} s): {len(results)} of the {len(valid)} valid points"
     return {
         "format": REPLAY_FORMAT,
         "recorded": {
             "where": f"{device.get('name')} ({device.get('sm')}, driver {device.get('driver')}, NVRTC {device.get('nvrtc')})",
             "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "how": command or "search.sweep.sweep",
-            "what": f"every valid point of the {space_name} {space.family} space measured once "
+            "what": f"{whole} of the {space_name} {space.family} space measured once "
                     f"({len(valid)} kernels of {len(specs)} distinct points); {time.monotonic() - started:.0f} s",
             "source_hashes": "each result's source_hash is the sha256 of the source rendered and measured in this sweep",
         },

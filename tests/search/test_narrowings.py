@@ -39,3 +39,20 @@ def test_an_unknown_narrowing_is_refused_by_name():
     with pytest.raises(ValueError, match="no narrowing 'huge'"):
         space_for("simt", DType.fp32, restricted="huge")
     assert space_for("simt", DType.fp32, restricted=True).dims == space_for("simt", DType.fp32, "restricted").dims
+
+
+def test_a_sweep_replayed_from_a_recording_reproduces_it_and_a_deadline_marks_it_partial():
+    from search.measure import ReplayMeasurer
+    from search.sweep import sweep
+
+    path = "search/recordings/replay-simt-4096x4096x4096-fp32.json"
+    measurer = ReplayMeasurer(path)
+    space = space_for("simt", DType.fp32, restricted=True)
+    doc = sweep(measurer.problem, space, measurer, progress=False)
+    assert set(doc["results"]) == set(measurer.results)
+    assert all(doc["results"][n]["median_ms"] == r["median_ms"] for n, r in measurer.results.items())
+    assert doc["recorded"]["what"].startswith("every valid point of the restricted simt space")
+    partial = sweep(measurer.problem, space, ReplayMeasurer(path), progress=False, max_seconds=0.0)
+    assert 0 < len(partial["results"]) < len(doc["results"])
+    assert partial["recorded"]["what"].startswith(f"PARTIAL (stopped after 0 s): {len(partial['results'])} of the "
+                                                  f"{len(doc['results'])} valid points")
