@@ -705,6 +705,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", folder=False)
     check_cache()
     check_store(args.db)
+    earlier = None
+    if args.resume is not None:
+        try:
+            earlier = json.loads(args.resume.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"--resume {args.resume}: cannot read it as a recording ({e})") from None
+        space = space_for(family_of_args(args), problem.dtype, restricted=args.space)
+        if not isinstance(earlier, dict) or earlier.get("problem") != problem.to_dict() or \
+                earlier.get("space") != space.to_dict():
+            raise UsageError(f"--resume {args.resume} is not a recording of {problem.key} over the "
+                             f"{args.space} space")
     try:
         measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
     except NoGpu as e:
@@ -714,7 +725,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=args.space), measurer,
                     store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space,
-                    max_seconds=args.max_seconds)
+                    max_seconds=args.max_seconds, resume=earlier)
     finally:
         measurer.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -888,7 +899,11 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
                    help="which narrowing of the family's space: restricted (default) or one of its larger "
                         "NARROWINGS (simt: skinny; tensorcore: large)")
     p.add_argument("--max-seconds", type=float, default=None, metavar="S",
-                   help="start no kernel after S seconds; the recording then says it is partial")
+                   help="start no kernel after S seconds; the recording then says it is partial (default: none, "
+                        "every valid kernel)")
+    p.add_argument("--resume", type=Path, default=None, metavar="FILE",
+                   help="a partial recording of the same problem and space: keep its results (where the source "
+                        "is unchanged) and measure the rest into --out (default: none)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE",
                    help="the recording to write (a new file)")
     add_gpu_args(p, timeout=30.0)

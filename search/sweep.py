@@ -8,6 +8,7 @@ import time
 from tqdm import tqdm
 
 from codegen.problem import Problem
+from codegen.render import render, source_hash
 from search.measure import REPLAY_FORMAT
 from search.space import Space
 
@@ -15,23 +16,34 @@ KEPT = ("status", "evidence", "median_ms", "p20_ms", "p80_ms", "tflops", "gbps",
 
 
 def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: int = 16, progress: bool = True,
-          command: str = "", space_name: str = "restricted", max_seconds: float | None = None) -> dict:
+          command: str = "", space_name: str = "restricted", max_seconds: float | None = None,
+          resume: dict | None = None) -> dict:
     """Measure every valid point once; return the replay document (results keyed by kernel name).
-    With ``max_seconds`` no kernel is started after that long, and the document says it is partial."""
+    With ``max_seconds`` no kernel is started after that long, and the document says it is partial.
+    ``resume`` is an earlier partial recording of the same problem and space: its results whose
+    source is still the one rendered now are kept, the rest measured, and the document says so."""
+    if resume is not None and (resume.get("problem") != problem.to_dict() or resume.get("space") != space.to_dict()):
+        raise ValueError("the recording to resume is of another problem or space")
     specs = {}
     for point in space.points():
         spec = space.spec(point, problem)
         specs.setdefault(spec.name, spec)
     valid = [s for s in specs.values() if not s.check(problem, measurer.limits)]
+    kept: dict[str, dict] = {}
+    if resume is not None:
+        now = {s.name: s for s in valid}
+        kept = {n: r for n, r in resume["results"].items()
+                if n in now and r.get("source_hash") == source_hash(render(now[n]))}
+        valid = [s for s in valid if s.name not in kept]
     device_id = store.device(measurer.device) if store is not None else None
     run_id = None
     if store is not None:
         run_id = store.start_run(problem, device_id, space.family, "sweep", None, len(valid),
                                  f"sweep:{problem.key}:{space_name}", {}, command)
-    results: dict[str, dict] = {}
+    results: dict[str, dict] = dict(kept)
     started = time.monotonic()
     todo = iter(valid)
-    with tqdm(total=len(valid), desc=f"sweep {problem.key}", unit="kernel", disable=not progress) as bar:
+    with tqdm(total=len(valid) + len(kept), initial=len(kept), desc=f"sweep {problem.key}", unit="kernel", disable=not progress) as bar:
         for spec in todo:
             measurer.submit(spec.name, spec)
             if len(measurer) >= lookahead:
@@ -44,7 +56,7 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
             if store is not None:
                 store.kernel(done.kernel)
                 store.add_trial(run_id, done.spec.name, done.kernel.get("arch", measurer.arch), problem, device_id,
-                                len(results) - 1, done.result, done.spec.to_dict(),
+                                len(results) - len(kept) - 1, done.result, done.spec.to_dict(),
                                 source_hash=done.kernel.get("source_hash"))
             bar.update(1)
             late = max_seconds is not None and time.monotonic() - started > max_seconds
@@ -54,16 +66,19 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
     if store is not None and run_id is not None:
         store.end_run(run_id)
     device = measurer.device
-    whole = "every valid point" if len(results) == len(valid) else \
-        f"PARTIAL (stopped after {max_seconds:.0f} s): {len(results)} of the {len(valid)} valid points"
-    return {
+    total = len(valid) + len(kept)
+    whole = "every valid point" if len(results) == total else \
+        f"PARTIAL (stopped after {max_seconds:.0f} s): {len(results)} of the {total} valid points"
+    measured = len(results) - len(kept)
+    doc = {
         "format": REPLAY_FORMAT,
         "recorded": {
             "where": f"{device.get('name')} ({device.get('sm')}, driver {device.get('driver')}, NVRTC {device.get('nvrtc')})",
             "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "how": command or "search.sweep.sweep",
             "what": f"{whole} of the {space_name} {space.family} space measured once "
-                    f"({len(valid)} kernels of {len(specs)} distinct points); {time.monotonic() - started:.0f} s",
+                    f"({total} kernels of {len(specs)} distinct points); {measured} measured in this run, "
+                    f"{time.monotonic() - started:.0f} s" + (f", {len(kept)} kept from the earlier run below" if resume else ""),
             "source_hashes": "each result's source_hash is the sha256 of the source rendered and measured in this sweep",
         },
         "device": device,
@@ -72,3 +87,9 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
         "baselines": measurer.baselines(),
         "results": results,
     }
+    if resume is not None:
+        earlier = resume["recorded"]
+        doc["recorded"]["resumed"] = {**{k: earlier.get(k) for k in ("where", "when", "how", "what")},
+                                      "kept": len(kept), "baselines": resume.get("baselines", {}),
+                                      "device": resume.get("device", {})}
+    return doc

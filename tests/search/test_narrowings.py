@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.problem import DType, Problem
+from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits
 from search.space import narrowings, space_for
 
@@ -56,3 +57,38 @@ def test_a_sweep_replayed_from_a_recording_reproduces_it_and_a_deadline_marks_it
     assert 0 < len(partial["results"]) < len(doc["results"])
     assert partial["recorded"]["what"].startswith(f"PARTIAL (stopped after 0 s): {len(partial['results'])} of the "
                                                   f"{len(doc['results'])} valid points")
+
+
+def test_a_resumed_sweep_keeps_what_was_measured_and_measures_only_the_rest():
+    from search.measure import ReplayMeasurer
+    from search.sweep import sweep
+
+    path = "search/recordings/replay-simt-4096x4096x4096-fp32.json"
+    space = space_for("simt", DType.fp32, restricted=True)
+    first = ReplayMeasurer(path)
+    partial = sweep(first.problem, space, first, progress=False, max_seconds=0.0)
+    # the recording's hashes are of the templates it was measured with: as if swept with today's
+    specs = {s.name: s for s in map(lambda p: space.spec(p, first.problem), space.points())}
+    for name, result in partial["results"].items():
+        result["source_hash"] = source_hash(render(specs[name]))
+    stale = next(iter(partial["results"]))
+    partial["results"][stale] = dict(partial["results"][stale], source_hash="0" * 64, median_ms=-1.0)
+
+    class Counting(ReplayMeasurer):
+        asked: list = []
+
+        def submit(self, tag, spec):
+            self.asked.append(spec.name)
+            super().submit(tag, spec)
+
+    second = Counting(path)
+    whole = sweep(second.problem, space, second, progress=False, resume=partial)
+    assert set(whole["results"]) == set(second.results)
+    assert all(whole["results"][n]["median_ms"] == r["median_ms"] for n, r in second.results.items())
+    kept = len(partial["results"]) - 1  # the one whose source changed is measured again
+    assert sorted(Counting.asked) == sorted(set(second.results) - set(partial["results"]) | {stale})
+    assert whole["recorded"]["what"].startswith("every valid point")
+    assert whole["recorded"]["resumed"]["kept"] == kept
+    assert whole["recorded"]["resumed"]["what"].startswith("PARTIAL")
+    with pytest.raises(ValueError, match="another problem or space"):
+        sweep(second.problem, space_for("simt", DType.fp32), Counting(path), progress=False, resume=partial)
