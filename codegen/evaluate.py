@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from codegen import sparse
 from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
+from codegen.families import compile_target
 from codegen.launch import plan
 from codegen.problem import Problem
 from codegen.render import render, source_hash
@@ -81,7 +82,7 @@ def build(spec: KernelSpec, problem: Problem, arch: str, limits: DeviceLimits | 
         return Built(spec, failure=blank_result("invalid", "; ".join(reasons)))
     source = render(spec)
     try:
-        compiled = compile_source(source, spec.name, arch)
+        compiled = compile_source(source, spec.name, arch, target=compile_target(spec, arch))
     except CompileError as e:
         return Built(spec, source, failure=blank_result("compile_error", e.log[-4000:]))
     return Built(spec, source, compiled)
