@@ -325,3 +325,12 @@ def test_rendered_source_spells_only_what_is_on():
     fp16 = render(Spec(dtype=DType.fp16, bias=True, consumers=1, bn=128, prepass="pack"))
     assert "m64n128k16.f32.f16.f16" in fp16 and "B[gc]" in fp16 and "_pack(" in fp16
     assert "setmaxnreg.inc.sync.aligned.u32 240" in fp16
+
+
+def test_the_odd_probe_keeps_a_partial_k_tile_for_kernels_that_need_16_byte_rows():
+    from codegen.evaluate import probe_for
+    from codegen.families.tensorcore import Spec as TcSpec
+
+    assert probe_for(BIG, Spec()) == Problem(67, 45, 88, DType.bf16)  # 91 breaks TMA's pitch; 88 = 64 + 24
+    assert probe_for(BIG, Spec(prepass="pack")) == Problem(67, 45, 91, DType.bf16)
+    assert probe_for(BIG, TcSpec()) == probe_for(BIG) == Problem(67, 45, 91, DType.bf16)
