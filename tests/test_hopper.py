@@ -257,16 +257,26 @@ def test_other_families_compile_for_the_device_arch_itself():
 
 # ---- compiler tier ---------------------------------------------------------------------------------
 def _sample() -> list[Spec]:
-    """Every seed for both dtypes with and without bias, the grid, and a seeded sample of the space."""
+    """Every seed for both dtypes with and without bias, the grid, and every tile shape of the space
+    (bm x bn x consumers: the accumulators, the register budget) with the other dimensions drawn."""
     specs = list(GRID)
     for dtype in (DType.bf16, DType.fp16):
         for bias in (False, True):
             problem = Problem(4096, 4096, 4096, dtype, bias=bias)
             specs += [to_spec("hopper", p, problem) for p in seeds("hopper")]
-    space = space_for("hopper", DType.bf16)
+    dims = space_for("hopper", DType.bf16).dims
     rng = random.Random(7)
-    valid = [s for s in (to_spec("hopper", p, ODD) for p in space.points()) if not s.check(ODD)]
-    specs += rng.sample(valid, 16)
+    for bm in dims["bm"]:
+        for bn in dims["bn"]:
+            for consumers in dims["consumers"]:
+                problem = rng.choice([BIG, ODD, Problem(130, 250, 72, DType.fp16, bias=True)])
+                point = dict(bm=bm, bn=bn, consumers=consumers, persistent=rng.random() < 0.5,
+                             group_m=rng.choice(dims["group_m"]), stages=2)
+                spec = to_spec("hopper", point, problem)
+                if spec.check(problem):
+                    continue
+                fits = [st for st in dims["stages"] if not Spec(**{**spec.__dict__, "stages": st}).check(problem)]
+                specs.append(Spec(**{**spec.__dict__, "stages": rng.choice(fits)}))
     return list({s.name: s for s in specs}.values())
 
 
@@ -286,7 +296,10 @@ def compiled():
 
 def test_sample_is_broad():
     assert len(SAMPLE) >= 40
+    assert len({(s.bm, s.bn, s.consumers) for s in SAMPLE}) >= 23
     assert {s.consumers for s in SAMPLE} == {1, 2} and {s.persistent for s in SAMPLE} == {False, True}
+    assert {s.prepass for s in SAMPLE} == {"none", "pack"} and {s.dtype for s in SAMPLE} == {DType.bf16, DType.fp16}
+    assert max(s.acc_regs for s in SAMPLE) == 160
 
 
 @pytest.mark.timeout(900)
