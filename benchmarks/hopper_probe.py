@@ -65,16 +65,18 @@ class TorchOperands:
     """One problem's operands as torch tensors on the GPU, in the shape codegen.engine.Operands has
     (``address``, ``tensor_map``), so ``Engine.run_plan`` launches on them unchanged."""
 
+    device = "cuda"
+
     def __init__(self, problem, torch) -> None:
         from codegen.problem import DType
 
         self.problem, self.torch = problem, torch
         dt = {DType.bf16: torch.bfloat16, DType.fp16: torch.float16}[problem.dtype]
         m, n, k = problem.m, problem.n, problem.k
-        rand = lambda *shape: (torch.rand(*shape, device="cuda") * 2 - 1).to(dt)  # noqa: E731  never zeros
+        rand = lambda *shape: (torch.rand(*shape, device=self.device) * 2 - 1).to(dt)  # noqa: E731  never zeros
         self.x, self.w = rand(m, k), rand(n, k)
         self.b = rand(n) if problem.bias else None
-        self.y = torch.empty(m, n, dtype=dt, device="cuda")
+        self.y = torch.empty(m, n, dtype=dt, device=self.device)
         self.ws = None
         self.tensor_maps: dict = {}
 
@@ -83,7 +85,7 @@ class TorchOperands:
             if plan.workspace_bytes == 0:
                 return None
             if self.ws is None or self.ws.numel() < plan.workspace_bytes:
-                self.ws = self.torch.empty(plan.workspace_bytes, dtype=self.torch.uint8, device="cuda")
+                self.ws = self.torch.empty(plan.workspace_bytes, dtype=self.torch.uint8, device=self.device)
             return self.ws.data_ptr()
         t = {"X": self.x, "W": self.w, "B": self.b, "Y": self.y}.get(name)
         return t.data_ptr() if t is not None else None
@@ -340,8 +342,10 @@ def table(runs: list[dict], dtypes: list[str], shapes: list) -> str:
                 fails.append(f"  {run['label']} {dtype} {key}: {r['status']} at {r.get('stage', '?')}: "
                              f"{(r.get('evidence') or '').strip().splitlines()[-1][:400] if r.get('evidence') else ''}")
         if run["ending"] != "done":
+            said = [line for line in run["stderr_tail"].splitlines() if line.strip()]
             fails.append(f"  {run['label']}: process ended with {run['ending']} (exit {run['exit_code']}) after "
-                         f"{run['seconds']} s; last stage {run['last_stage']}")
+                         f"{run['seconds']} s; last stage {run['last_stage']}"
+                         + (f"; stderr: {said[-1][:300]}" if said else ""))
     if fails:
         lines += ["", "not ok:"] + fails
     return "\n".join(lines)
@@ -363,9 +367,13 @@ def main(argv: list[str] | None = None) -> int:
         return child(json.loads(args.child), args.dtypes, args.hang_s, shapes)
 
     start = time.monotonic()
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                          "--format=csv,noheader"], capture_output=True, text=True)
-    print(f"device: {smi.stdout.strip() or smi.stderr.strip()}", flush=True)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        device = smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        device = f"nvidia-smi failed: {e}"
+    print(f"device: {device}", flush=True)
     chosen = [POINTS[i] for i in args.points] if args.points else POINTS
     runs = []
     for label, point in chosen:
@@ -382,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"; {d} {s} {r['status']}" for (d, s), r in got.items() if r["status"] != "ok"), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"probe": "hopper", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": smi.stdout.strip(),
+    doc = {"probe": "hopper", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
            "command": "python3 -m benchmarks.hopper_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": TIMING, "shapes": shapes, "runs": runs, "seconds": round(time.monotonic() - start, 1)}
     (out / "hopper_probe.json").write_text(json.dumps(doc, indent=1) + "\n")

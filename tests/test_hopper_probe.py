@@ -85,3 +85,83 @@ def test_tables_show_results_timings_and_where_a_point_stopped():
     assert "hung bf16 4096x4096x4096: hang at wait" in text
     assert "process ended with hang (exit 4)" in text
     assert probe.results_of(hung)[("bf16", "4096x4096x4096")]["status"] == "hang"
+
+
+class _FakeEngine:
+    """Stands in for codegen.engine.Engine on the CPU: "launching" the plan reads every pointer and
+    tensor-map operand the plan names and, unless told to leave Y alone, writes the right answer."""
+
+    class ctx:  # noqa: N801
+        class info:  # noqa: N801
+            sm = "sm_90"
+
+    def __init__(self, write: bool = True) -> None:
+        self.write, self.launches, self.seen = write, 0, set()
+
+    def run_plan(self, module, plan, ops) -> None:
+        self.launches += 1
+        for step in plan.launches:
+            for name in step.args:
+                arg = plan.tensor_map(name)
+                operand = arg.operand if arg is not None else name
+                if operand in ("X", "W", "WS", "Y"):
+                    assert ops.address(operand, plan) is not None, operand
+                self.seen.add(operand)
+        if self.write:
+            y = ops.x.float() @ ops.w.float().t()
+            ops.y.copy_(y + ops.b.float() if ops.b is not None else y)
+
+    def time_calls(self, fn, reps_min, reps_max, target_ms):
+        for _ in range(3):
+            fn()
+        return [0.2, 0.1, 0.3]
+
+
+@pytest.fixture
+def cpu_probe(monkeypatch, tmp_path):
+    monkeypatch.setenv("GEMMSCAPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe.TorchOperands, "device", "cpu")
+    monkeypatch.setattr(probe, "wait", lambda engine, deadline_s: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    import codegen.cuda
+
+    monkeypatch.setattr(codegen.cuda, "Module", lambda cubin: ("module", len(cubin)))
+    lines = []
+    monkeypatch.setattr(probe, "emit", lambda **record: lines.append(record))
+    return lines
+
+
+def test_one_shape_builds_runs_compares_and_times(cpu_probe):
+    from codegen.spec import DeviceLimits
+
+    engine, modules = _FakeEngine(), {}
+    point = dict(bm=128, bn=128, stages=4, consumers=2, persistent=True, group_m=8)
+    rec = {"dtype": "bf16", "shape": "130x250x72+b"}
+    result = probe.one_shape(engine, DeviceLimits(), modules, point, rec, (130, 250, 72, True, True), 10.0)
+    assert result["status"] == "ok" and result["rel_error"] < 1e-2, result
+    assert result["ours_ms"] == 0.2 and result["cublas_ms"] == 0.2 and result["ratio"] == 1.0
+    assert result["tflops"] == pytest.approx(2 * 130 * 250 * 72 / 0.2 / 1e9)
+    assert rec["kernel"] == "hp_bf16_bias_128x128x64_c2_s4_g8_ps" and rec["stage"] == "time"
+    assert engine.seen >= {"X", "W", "Y", "B"} and list(modules) == [rec["kernel"]]
+    compiled = next(line for line in cpu_probe if line.get("event") == "compiled")
+    assert "-arch=sm_90a" in compiled["options"] and compiled["report"]["spill_stores"] == 0
+    assert compiled["sass"]["HGMMA"] == 4 and compiled["sass"]["UTMALDG"] == 2
+    stages = [line["stage"] for line in cpu_probe if line.get("event") == "stage"]
+    assert stages == ["check", "compile", "load", "inputs", "run", "wait", "compare", "time"]
+
+    packed = {"dtype": "fp16", "shape": "67x45x91+b"}
+    result = probe.one_shape(engine, DeviceLimits(), modules, point, packed, (67, 45, 91, True, False), 10.0)
+    assert result["status"] == "ok" and packed["kernel"].endswith("_pk") and "WS" in engine.seen
+    assert "ours_ms" not in result
+
+
+def test_one_shape_reports_an_unwritten_output_and_an_invalid_point(cpu_probe):
+    from codegen.spec import DeviceLimits
+
+    point = dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8)
+    rec = {"dtype": "bf16", "shape": "67x45x88"}
+    result = probe.one_shape(_FakeEngine(write=False), DeviceLimits(), {}, point, rec, (67, 45, 88, False, True), 10.0)
+    assert result["status"] == "nan_or_inf" and result["first_nonfinite"] == [0, 0] and "ours_ms" not in result
+    too_big = dict(point, stages=6)
+    result = probe.one_shape(_FakeEngine(), DeviceLimits(), {}, too_big, dict(rec), (67, 45, 88, False, False), 10.0)
+    assert result["status"] == "invalid" and "shared memory" in result["evidence"]
