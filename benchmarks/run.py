@@ -176,6 +176,21 @@ SUITES["tensorcore"] = [
 ] + [(Problem(4096, 4096, 4096, DType.tf32), _TC_TF32)]
 
 
+def _hopper_candidates(problem: Problem) -> list[dict]:
+    """The hopper space's seeds as candidates for ``problem`` (the pack prepass where K breaks 16-byte rows)."""
+    from search.space import seeds, to_spec
+
+    return [to_spec("hopper", point, problem).to_dict() for point in seeds("hopper")]
+
+
+#: The large layers of the tensor-core suite on the Hopper family (wgmma + TMA, sm_90 only).
+SUITES["hopper"] = [
+    (problem, _hopper_candidates(problem))
+    for problem in (Problem(m, n, k, dtype) for dtype in (DType.bf16, DType.fp16)
+                    for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096), (4097, 4095, 4093)))
+]
+
+
 def _tcs(bm, bk, wm, wn, block, warps_k=1, stages=4, split_k=1, epilogue="smem") -> dict:
     """A block-sparse tensor-core candidate (the block tile spans one block row: bn = block)."""
     return dict(family="tensorcore", bm=bm, bn=block, bk=bk, wm=wm, wn=wn, warps_k=warps_k, stages=stages,

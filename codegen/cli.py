@@ -506,7 +506,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.source and not args.json:
         print(source)
     try:
-        result = compile_source(source, spec.name, arch)
+        result = compile_source(source, spec.name, arch, target=families.compile_target(spec, arch))
     except CompileError as e:  # the variant's own compile log: the answer, not a usage error
         print(e, file=sys.stderr)
         return EXIT_FAILURE
@@ -517,7 +517,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                           **({"problem": problem.to_dict()} if problem is not None else {}),
                           **({"source": source} if args.source else {})}, indent=2))
         return EXIT_OK
-    print(f"{spec.name}  {arch}  NVRTC {result.nvrtc_version}  {len(result.cubin)} B cubin"
+    target = families.compile_target(spec, arch)
+    print(f"{spec.name}  {arch}{f' (-arch={target})' if target != arch else ''}  NVRTC {result.nvrtc_version}  {len(result.cubin)} B cubin"
           f"{'  (cached)' if result.cached else f'  {result.seconds:.2f} s'}")
     if problem is not None:
         print(f"  problem {describe_problem(problem)}")

@@ -146,14 +146,19 @@ def parse_ptxas(log: str) -> dict:
     return out
 
 
-def compile_source(source: str, name: str, arch: str | None = None, use_cache: bool = True) -> CompileResult:
-    """Compile to a cubin for ``arch`` (default: the device's, else sm_90)."""
+def compile_source(source: str, name: str, arch: str | None = None, use_cache: bool = True,
+                   target: str | None = None) -> CompileResult:
+    """Compile to a cubin for ``arch`` (default: the device's, else sm_90). ``target`` is the -arch
+    NVRTC gets when it differs from the device's arch (sm_90a for sm_90's arch-specific
+    instructions: ``codegen.families.compile_target``); the result keeps ``arch``, the device's."""
     from cuda.bindings import nvrtc
 
     arch = arch or default_arch()
-    if not re.fullmatch(r"sm_\d+a?", arch):
-        raise ValueError(f"arch must look like sm_90, got {arch!r}")
-    options = options_for(arch)
+    target = target or arch
+    for a in (arch, target):
+        if not re.fullmatch(r"sm_\d+a?", a):
+            raise ValueError(f"arch must look like sm_90, got {a!r}")
+    options = options_for(target)
     version = nvrtc_version()
     source_hash = render.source_hash(source)
     key = hashlib.sha256(json.dumps([source_hash, options, version]).encode()).hexdigest()[:32]

@@ -155,8 +155,26 @@ class Module:
         driver.cuModuleUnload(self.module)
 
 
+def encode_tensor_map(encoding: dict, address: int) -> ctypes.Array:
+    """A tiled tensor map (cuTensorMapEncodeTiled with the arguments ``encoding`` names, as
+    ``codegen.launch.TensorMapArg.encoding`` gives them) over ``address`` + its offset, as the 128
+    bytes a kernel takes by value: a ctypes array to launch with."""
+    e = encoding
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # the bindings take these lists as wrapped values only
+    tmap = check(driver.cuTensorMapEncodeTiled(
+        getattr(driver.CUtensorMapDataType, e["data_type"]), e["rank"], address + e["offset_bytes"],
+        [u64(v) for v in e["global_dim"]], [u64(v) for v in e["global_strides_bytes"]], [u32(v) for v in e["box_dim"]],
+        [u32(v) for v in e["element_strides"]],
+        getattr(driver.CUtensorMapInterleave, e["interleave"]), getattr(driver.CUtensorMapSwizzle, e["swizzle"]),
+        getattr(driver.CUtensorMapL2promotion, e["l2_promotion"]), getattr(driver.CUtensorMapFloatOOBfill, e["oob_fill"]),
+    ), f"cuTensorMapEncodeTiled({e['data_type']}, dims {e['global_dim']}, strides {e['global_strides_bytes']}, "
+       f"box {e['box_dim']}, {e['swizzle']})")
+    return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(tmap.getPtr(), 128))
+
+
 def launch(func, grid, block, smem: int, stream, args: list) -> None:
-    """Launch with arguments given as ctypes values (pointers as c_void_p, ints as c_int)."""
+    """Launch with arguments given as ctypes values (pointers as c_void_p, ints as c_int, a tensor
+    map as its 128-byte array)."""
     holders = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     check(
         driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(holders), 0),

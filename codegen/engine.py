@@ -13,7 +13,7 @@ import numpy as np
 from codegen import cuda, sparse
 from codegen.cuda import Buffer, CudaError, Event, Module
 from codegen.data import NAN16, NAN32_HALVES, STORAGE, compare, dense_w, random_inputs, reference, summarize
-from codegen.launch import LaunchPlan
+from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Problem
 
 POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI")
@@ -61,6 +61,7 @@ class Operands:
             self.buffers[name].upload(arr)
         self.buffers["Y"] = Buffer(problem.m * problem.n * problem.dtype.itemsize)
         self.workspace: Buffer | None = None
+        self.tensor_maps: dict[tuple, object] = {}  # (TensorMapArg, address) -> its 128 encoded bytes
 
     def address(self, name: str, plan: LaunchPlan) -> int | None:
         if name == "WS":
@@ -73,6 +74,16 @@ class Operands:
             return self.workspace.address
         buf = self.buffers.get(name)
         return buf.address if buf is not None else None  # no bias: a null pointer
+
+    def tensor_map(self, arg: TensorMapArg, plan: LaunchPlan):
+        """The 128 bytes of tensor map ``arg`` over its operand, encoded once per operand address."""
+        base = self.address(arg.operand, plan)
+        if base is None:
+            raise RuntimeError(f"tensor map {arg.name} views operand {arg.operand}, which this problem does not have")
+        key = (arg, base)
+        if key not in self.tensor_maps:
+            self.tensor_maps[key] = cuda.encode_tensor_map(arg.encoding(), base)
+        return self.tensor_maps[key]
 
     def poison(self, stream) -> None:
         y = self.buffers["Y"]
@@ -104,17 +115,35 @@ class Engine:
         if plan.zero_output:
             ops.buffers["Y"].zero(self.stream)
         for step in plan.launches:
-            args = [
-                ctypes.c_void_p(ops.address(a, plan)) if a in POINTERS else ctypes.c_int(dims[a]) for a in step.args
-            ]
+            args = [self._argument(a, plan, ops, dims) for a in step.args]
             try:
                 func = module.function(step.symbol, step.smem)
             except CudaError as e:
                 raise launch_failure(e, "function", step.symbol, step.smem) from e
+            grid = step.grid
+            if step.persistent:  # one block per multiprocessor at most; the blocks loop over the tiles
+                grid = (min(grid[0], self.ctx.info.sms), *grid[1:])
             try:
-                cuda.launch(func, step.grid, step.block, step.smem, self.stream, args)
+                cuda.launch(func, grid, step.block, step.smem, self.stream, args)
             except CudaError as e:
                 raise launch_failure(e, "launch", step.symbol, step.smem) from e
+
+    @staticmethod
+    def _argument(name: str, plan: LaunchPlan, ops: Operands, dims: dict):
+        """One kernel argument as ctypes: a pointer, a dimension, or an encoded tensor map."""
+        if name in POINTERS:
+            return ctypes.c_void_p(ops.address(name, plan))
+        if name in dims:
+            return ctypes.c_int(dims[name])
+        arg = plan.tensor_map(name)
+        if arg is None:
+            raise RuntimeError(f"kernel argument {name!r} is neither an operand, a dimension nor a tensor map of the plan")
+        if arg.problems():  # the family planned a map TMA cannot take: our bug, not the kernel's
+            raise RuntimeError(f"the plan's tensor map {name} cannot be encoded: {'; '.join(arg.problems())}")
+        try:
+            return ops.tensor_map(arg, plan)
+        except CudaError as e:  # the driver refused the map (a plan that breaks TMA's rules): the kernel cannot run
+            raise Failure("runtime_error", f"launch refused: tensor map {name}: {e}") from e
 
     def synchronize(self, what: str) -> None:
         try:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from codegen import sparse
 from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
+from codegen.families import compile_target
 from codegen.launch import plan
 from codegen.problem import Problem
 from codegen.render import render, source_hash
@@ -23,8 +24,11 @@ STATUSES = (
     "ok", "invalid", "compile_error", "compile_timeout", "load_error", "launch_out_of_resources", "runtime_error",
     "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf",
 )
-#: Small shape, no side a multiple of any tile: every evaluation also runs it.
+#: Small shape, no side a multiple of any tile: every evaluation also runs it. A kernel that needs
+#: 16-byte rows (K a multiple of 8) and refuses K = 91 gets K = PROBE_ALIGNED_K, which still ends in
+#: a partial k-tile.
 PROBE = (67, 45, 91)
+PROBE_ALIGNED_K = 88
 DEFAULT_TIMING = {"reps_min": 20, "reps_max": 100, "target_ms": 100.0}
 
 
@@ -40,13 +44,19 @@ def blank_result(status: str, evidence: str) -> dict:
             "times_ms": [], "tflops": None, "gbps": None, "rel_error": None, "baselines": {}, "ratio": {}}
 
 
-def probe_for(problem: Problem) -> Problem:
+def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     """The odd-shape problem every evaluation of ``problem``'s kernels also runs (for a block-sparse
-    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern)."""
+    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern); with K =
+    PROBE_ALIGNED_K where ``spec`` refuses PROBE's K and takes that one."""
     m, n, k = PROBE
     if problem.sparse:
         return sparse.problem_for(m, sparse.probe_pattern(n, k, problem.block), problem.dtype, problem.bias)
-    return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+    probe = Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+    if spec is not None and spec.check(probe):
+        aligned = Problem(m, n, PROBE_ALIGNED_K, problem.dtype, problem.layout, problem.bias)
+        if not spec.check(aligned):
+            return aligned
+    return probe
 
 
 def patterns(*problems: Problem) -> dict:
@@ -81,7 +91,7 @@ def build(spec: KernelSpec, problem: Problem, arch: str, limits: DeviceLimits | 
         return Built(spec, failure=blank_result("invalid", "; ".join(reasons)))
     source = render(spec)
     try:
-        compiled = compile_source(source, spec.name, arch)
+        compiled = compile_source(source, spec.name, arch, target=compile_target(spec, arch))
     except CompileError as e:
         return Built(spec, source, failure=blank_result("compile_error", e.log[-4000:]))
     return Built(spec, source, compiled)
@@ -141,7 +151,7 @@ class Evaluator:
         if built.failure is not None:
             return built.failure
         baselines = self.baselines(problem)
-        probe = probe_for(problem)
+        probe = probe_for(problem, built.spec)
         job = {
             "op": "evaluate",
             "cubin": built.compiled.cubin,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from codegen.families import family_of, spec_from_dict
-from codegen.launch import ARG_TYPES, BSR_ARGS, grid_rule, plan
+from codegen.families import compile_target, family_of, spec_from_dict
+from codegen.launch import ARG_TYPES, BSR_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
 from codegen.problem import Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
@@ -43,11 +43,14 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
     for step in launch.launches:
         kernels.append({
             "symbol": step.symbol,
-            "args": [{"name": a, "type": ARG_TYPES[a].replace("T*", cuda["ctype"] + "*")} for a in step.args],
+            "args": [_argument(a, launch, cuda["ctype"]) for a in step.args],
             "block": list(step.block),
             "dynamic_smem_bytes": step.smem,
             "grid_for_problem": list(step.grid),
+            **({"persistent": True, "grid_note": "grid_for_problem[0] counts output tiles: launch "
+                "min(grid_for_problem[0], multiprocessor count) blocks, which loop over them"} if step.persistent else {}),
         })
+    target = compile_target(spec, arch)
     return {
         "format": MANIFEST_FORMAT,
         "name": spec.name,
@@ -58,7 +61,7 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "source_rerendered": rerendered,
         "source_note": ("rendered by this export from the current templates: no stored source" if rerendered
                         else "the stored source of the measured kernel"),
-        "compile": {"arch": arch, "std": "c++17", "defines": {}, "options": [f"-arch={arch}", "-std=c++17"]},
+        "compile": {"arch": target, "std": "c++17", "defines": {}, "options": [f"-arch={target}", "-std=c++17"]},
         "includes": {
             "headers": headers,
             "note": "CUDA toolkit headers (pass -I<cuda>/include)" if headers else "none",
@@ -69,12 +72,23 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "zero_output_first": launch.zero_output,
         "grid_rule": grid_rule(spec),
         "arguments_note": "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias; "
-                          "WS is the float32 workspace (null when workspace_bytes is 0)",
+                          "WS is the float32 workspace (null when workspace_bytes is 0)"
+                          + ("; a CUtensorMap argument is 128 bytes passed by value, encoded on the host with "
+                             "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
+                             "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),
         "problem": problem.to_dict(),
         **({"sparse": {"format": "BSR", "block": block, "arguments": BSR_ARGS.format(block=block),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
         "measured": measured,
     }
+
+
+def _argument(name: str, launch: LaunchPlan, ctype: str) -> dict:
+    """One kernel argument of a manifest: its name and C type, and for a tensor map how to encode it."""
+    tmap = launch.tensor_map(name)
+    if tmap is not None:
+        return {"name": name, "type": TENSOR_MAP_TYPE, "tensor_map": tmap.encoding()}
+    return {"name": name, "type": ARG_TYPES[name].replace("T*", ctype + "*")}
 
 
 def export_files(spec: KernelSpec, problem: Problem, source: str | None, arch: str,

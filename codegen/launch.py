@@ -1,9 +1,10 @@
 """Launch geometry: how a rendered variant is run on a problem, derived in Python.
 
 A plan is plain data (it crosses process boundaries and goes into export manifests): an optional
-float32 workspace, whether Y is zeroed first, and the kernels to launch in order with their
-arguments named from ``ARG_TYPES``. Each family makes its own plan (``codegen.families``); what
-they share, the second pass of a two-pass split-K, is spelled here once.
+float32 workspace, whether Y is zeroed first, the tensor maps the runtime encodes for the problem,
+and the kernels to launch in order with their arguments named from ``ARG_TYPES`` or after one of
+the plan's tensor maps. Each family makes its own plan (``codegen.families``); what they share,
+the second pass of a two-pass split-K and the pack prepass, is spelled here once.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "KernelLaunch", "LaunchPlan", "grid_rule", "plan",
-    "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
+    "ARG_TYPES", "BSR_ARGS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "grid_rule", "pack_launch", "pack_rule", "pack_symbol",
+    "packed_k", "plan", "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
 ]  # fmt: skip
 
 #: Every kernel argument gemmscape passes, by name, with its C type (T is the element type).
@@ -43,15 +45,88 @@ BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{bl
             "CI[nnzb] (int32) the block columns kept, ascending in each row")
 REDUCE_ARGS = ("Y", "B", "WS", "M", "N")
 REDUCE_THREADS = 256
+#: The pack prepass's arguments (templates/common.cuh.j2, pack_kernel).
+PACK_ARGS = ("WS", "X", "W", "M", "N", "K")
+PACK_THREADS = 256
+#: C type of a tensor-map argument: the driver's 128-byte CUtensorMap, passed by value.
+TENSOR_MAP_TYPE = "const __grid_constant__ CUtensorMap"
+#: Operands a tensor map may view (pointer arguments of ARG_TYPES).
+TENSOR_MAP_OPERANDS = ("X", "W", "WS")
+#: The driver's names for a tensor map's element type (by gemmscape dtype) and swizzle (by bytes).
+TENSOR_MAP_DTYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+                     "fp32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "tf32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+TENSOR_MAP_SWIZZLES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+                       64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+
+
+@dataclass(frozen=True)
+class TensorMapArg:
+    """A kernel argument that is a 2-D tiled tensor map (CUtensorMap, 128 bytes by value), encoded
+    by the runtime for one problem (cuTensorMapEncodeTiled): rows of ``dims[0]`` elements of the
+    problem's element type ``dtype``, ``dims[1]`` rows ``pitch`` bytes apart, starting ``offset``
+    bytes into the operand ``operand``; copied ``box`` = (elements, rows) at a time into shared
+    memory with a ``swizzle``-byte swizzle (0: none); elements outside ``dims`` read as zeros."""
+
+    name: str
+    operand: str
+    dtype: str
+    dims: tuple[int, int]
+    pitch: int
+    box: tuple[int, int]
+    swizzle: int = 128
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", tuple(self.dims))
+        object.__setattr__(self, "box", tuple(self.box))
+
+    def problems(self) -> list[str]:
+        """Why the driver would refuse to encode this map (empty: it is encodable)."""
+        from codegen.problem import DType
+
+        why = []
+        if self.operand not in TENSOR_MAP_OPERANDS:
+            why.append(f"tensor map {self.name}: operand {self.operand!r} is not one of {TENSOR_MAP_OPERANDS}")
+        item = DType(self.dtype).itemsize
+        if self.pitch % 16 or self.offset % 16:
+            why.append(f"tensor map {self.name}: row pitch {self.pitch} B and offset {self.offset} B must be multiples "
+                       f"of 16 (rows of {self.dims[0]} {self.dtype} elements)")
+        if self.pitch < self.dims[0] * item:
+            why.append(f"tensor map {self.name}: pitch {self.pitch} B is shorter than a row ({self.dims[0]} elements)")
+        if not all(1 <= b <= 256 for b in self.box) or self.box[0] * item % 16:
+            why.append(f"tensor map {self.name}: box {self.box} must be 1..256 per side, its rows multiples of 16 bytes")
+        if self.swizzle not in TENSOR_MAP_SWIZZLES:
+            why.append(f"tensor map {self.name}: swizzle {self.swizzle} is not one of {tuple(TENSOR_MAP_SWIZZLES)}")
+        elif self.swizzle and self.box[0] * item > self.swizzle:
+            why.append(f"tensor map {self.name}: a box row of {self.box[0] * item} B exceeds the {self.swizzle}-byte swizzle")
+        if not all(1 <= d < 2**32 for d in self.dims):
+            why.append(f"tensor map {self.name}: dims {self.dims} must be 1 to 2^32 - 1")
+        return why
+
+    def encoding(self) -> dict:
+        """How to encode this map: the arguments of the driver's cuTensorMapEncodeTiled by name (enums
+        as the driver spells them), the global address being the operand's plus ``offset_bytes``.
+        The runtime encodes from this; an export manifest carries it."""
+        return {
+            "encode": "cuTensorMapEncodeTiled", "operand": self.operand, "offset_bytes": self.offset,
+            "data_type": TENSOR_MAP_DTYPES[self.dtype], "rank": 2, "global_dim": list(self.dims),
+            "global_strides_bytes": [self.pitch], "box_dim": list(self.box), "element_strides": [1, 1],
+            "interleave": "CU_TENSOR_MAP_INTERLEAVE_NONE", "swizzle": TENSOR_MAP_SWIZZLES[self.swizzle],
+            "l2_promotion": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B", "oob_fill": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+        }
 
 
 @dataclass(frozen=True)
 class KernelLaunch:
+    """One kernel launch. ``persistent``: ``grid[0]`` counts work tiles, and the launcher starts
+    min(grid[0], multiprocessor count) blocks, which loop over the tiles."""
+
     symbol: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
     args: tuple[str, ...]
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +134,11 @@ class LaunchPlan:
     launches: tuple[KernelLaunch, ...]
     workspace_bytes: int = 0
     zero_output: bool = False
+    tensor_maps: tuple[TensorMapArg, ...] = ()
+
+    def tensor_map(self, name: str) -> TensorMapArg | None:
+        """The plan's tensor map called ``name`` (an argument name), if it has one."""
+        return next((t for t in self.tensor_maps if t.name == name), None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,10 +152,13 @@ class LaunchPlan:
                 block=tuple(x["block"]),
                 smem=x["smem"],
                 args=tuple(x["args"]),
+                persistent=bool(x.get("persistent", False)),
             )
             for x in d["launches"]
         )
-        return cls(launches=launches, workspace_bytes=d["workspace_bytes"], zero_output=d["zero_output"])
+        maps = tuple(TensorMapArg(**t) for t in d.get("tensor_maps", ()))
+        return cls(launches=launches, workspace_bytes=d["workspace_bytes"], zero_output=d["zero_output"],
+                   tensor_maps=maps)
 
 
 # ---- the two-pass split-K reduce (templates/common.cuh.j2, reduce_kernel) ----------------------------
@@ -107,6 +190,32 @@ def reduce_rule(spec_name: str, split_k: int) -> str:
     """The reduce launch and its workspace for any M, N, in words."""
     return (f"{reduce_symbol(spec_name)}: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)"
             f"; workspace WS = 4*{split_k}*M*N bytes")
+
+
+# ---- the pack prepass (templates/common.cuh.j2, pack_kernel) -------------------------------------------
+def pack_symbol(spec_name: str) -> str:
+    """Symbol of the pack prepass that goes with the main kernel ``spec_name``."""
+    return spec_name + "_pack"
+
+
+def packed_k(chunk_elems: int, k: int) -> int:
+    """Row pitch of the packed copies, in elements: K rounded up to whole 16-byte chunks."""
+    return -(-k // chunk_elems) * chunk_elems
+
+
+def pack_launch(spec_name: str, chunk_elems: int, problem: Problem) -> KernelLaunch:
+    """X then W copied into the workspace (at the kernel's own offset) with rows padded to 16 bytes."""
+    chunks = (problem.m + problem.n) * (packed_k(chunk_elems, problem.k) // chunk_elems)
+    return KernelLaunch(symbol=pack_symbol(spec_name), grid=(-(-chunks // PACK_THREADS), 1, 1),
+                        block=(PACK_THREADS, 1, 1), smem=0, args=PACK_ARGS)
+
+
+def pack_rule(spec_name: str, chunk_elems: int, elem: int, offset: str) -> str:
+    """The pack launch for any M, N, K, in words."""
+    ce = chunk_elems
+    return (f"{pack_symbol(spec_name)}: KP = ceil(K/{ce})*{ce}; grid = (ceil((M+N)*KP/{ce}/{PACK_THREADS}), 1, 1), "
+            f"block = ({PACK_THREADS}, 1, 1); it writes zero-padded copies of X and W to WS at byte {offset}, "
+            f"(M+N)*KP*{elem} bytes")
 
 
 # ---- dispatch ----------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """SASS of a cubin through ``nvdisasm``, and what it says about a kernel's global loads.
 
 Needs no GPU. ``nvdisasm`` comes from the pip package ``nvidia-cuda-nvdisasm`` (the ``test`` extra),
-else from a CUDA toolkit (``CUDA_HOME``) or ``PATH``.
+else from a CUDA toolkit (``CUDA_HOME``, ``/usr/local/cuda``) or ``PATH``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,16 @@ _LDG = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]\s+)?LDG((?:\.[A-Z0-9_]
 _WIDTH = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "32": 32, "64": 64, "128": 128, "256": 256}
 
 
+#: Where a CUDA toolkit usually lives when CUDA_HOME does not say.
+TOOLKIT = Path("/usr/local/cuda")
+
+
 class SassError(RuntimeError):
     """nvdisasm is missing or refused the cubin."""
 
 
 def nvdisasm_path() -> Path:
-    """``nvdisasm`` from the pip nvidia packages, else ``$CUDA_HOME/bin``, else ``PATH``."""
+    """``nvdisasm`` from the pip nvidia packages, else ``$CUDA_HOME/bin``, ``/usr/local/cuda/bin``, ``PATH``."""
     candidates: list[Path] = []
     try:
         import nvidia  # namespace package of the pip CUDA wheels
@@ -47,6 +51,7 @@ def nvdisasm_path() -> Path:
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(Path(os.environ[var]) / "bin" / "nvdisasm")
+    candidates.append(TOOLKIT / "bin" / "nvdisasm")
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate

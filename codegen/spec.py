@@ -88,6 +88,8 @@ class SpecData:
                 raise TypeError(f"{f.name} must be an int, got {value!r}")
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"{f.name} must be a string, got {value!r}")
+            if f.type == "bool" and f.name != "bias" and not isinstance(value, bool):
+                raise TypeError(f"{f.name} must be true or false, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

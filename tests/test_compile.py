@@ -314,6 +314,7 @@ def test_missing_nvdisasm_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sass, "TOOLKIT", tmp_path)
     with pytest.raises(sass.SassError, match="pip package nvidia-cuda-nvdisasm"):
         sass.nvdisasm_path()
 

@@ -11,7 +11,8 @@ import pytest
 
 from codegen import sass
 from codegen.compile import compile_source
-from codegen.families.tensorcore import Spec, packed_k, plan
+from codegen.families.tensorcore import Spec, plan
+from codegen.launch import packed_k
 from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
@@ -118,7 +119,7 @@ def test_plan_grids_workspace_and_kernels():
     spec = Spec(**dict(SQUARE, prepass="pack", split_k=2, reduce="two_pass"))
     p = plan(spec, problem)
     assert [x.symbol for x in p.launches] == [spec.name + "_pack", spec.name, spec.name + "_reduce"]
-    assert packed_k(spec, 4093) == 4096
+    assert packed_k(spec.chunk_elems, 4093) == 4096
     partials = -(-(4 * 2 * 4097 * 4095) // 16) * 16
     assert p.workspace_bytes == partials + (4097 + 4095) * 4096 * 2
     assert p.launches[0].grid[0] * 256 >= (4097 + 4095) * 4096 // 8

@@ -3,7 +3,9 @@
 A family module provides ``NAME``, a frozen dataclass ``Spec`` (``family``, ``dtype``, ``bias`` and
 its own variant fields; ``name``, ``from_name``, ``to_dict``, ``from_dict``, ``check``, ``threads``,
 ``smem_bytes``), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, problem)``
-and ``grid_rule(spec)``. Everything outside the family finds it here and never names its fields.
+and ``grid_rule(spec)``; optionally ``headers(spec)`` (toolkit headers the source includes) and
+``compile_target(arch)`` (the -arch NVRTC gets on a device of ``arch``, e.g. sm_90 -> sm_90a for
+arch-specific instructions). Everything outside the family finds it here and never names its fields.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from codegen.spec import KernelSpec
 
-__all__ = ["family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name", "takes_sparse",
-           "variant_fields"]
+__all__ = ["compile_target", "family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name",
+           "takes_sparse", "variant_fields"]
 
 #: Fields the problem sets (``block``, W's sparse block size with 0 for a dense W, only in families
 #: with block-sparse variants); a family's other fields are its variant fields.
@@ -65,6 +67,12 @@ def get(name: str) -> ModuleType:
 def family_of(spec: KernelSpec) -> ModuleType:
     """The module of the family a spec belongs to."""
     return get(spec.family)
+
+
+def compile_target(spec: KernelSpec, arch: str) -> str:
+    """The -arch NVRTC compiles ``spec`` with on a device of ``arch``: ``arch`` itself, unless the
+    family needs an arch-specific target (``compile_target``, e.g. sm_90a)."""
+    return getattr(family_of(spec), "compile_target", lambda a: a)(arch)
 
 
 def spec_from_dict(d: dict[str, Any]) -> KernelSpec:

@@ -25,9 +25,13 @@ from typing import ClassVar
 from codegen.launch import (
     BSR_ARGS,
     MAIN_ARGS,
+    PACK_THREADS,
     SPARSE_ARGS,
     KernelLaunch,
     LaunchPlan,
+    pack_launch,
+    pack_rule,
+    packed_k,
     reduce_launch,
     reduce_rule,
     workspace_bytes,
@@ -42,7 +46,6 @@ LAYOUTS = ("swizzle", "pad")
 EPILOGUES = ("direct", "smem")
 REDUCES = ("none", "atomic", "two_pass")
 PREPASSES = ("none", "pack")
-PACK_THREADS = 256
 C_PAD = 8  # floats of padding per row of the staged fp32 output tile (conflict-free pair stores)
 
 
@@ -303,15 +306,6 @@ def template_values(spec: Spec) -> dict:
     return values
 
 
-def pack_symbol(spec: Spec) -> str:
-    return spec.name + "_pack"
-
-
-def packed_k(spec: Spec, k: int) -> int:
-    """Row pitch of the packed copies: K rounded up to whole 16-byte chunks."""
-    return -(-k // spec.chunk_elems) * spec.chunk_elems
-
-
 def _partials_bytes(spec: Spec, problem: Problem) -> int:
     """Two-pass split-K partial sums, first in the workspace, rounded up to 16 bytes."""
     if spec.reduce != "two_pass":
@@ -325,11 +319,8 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     launches = []
     workspace = _partials_bytes(spec, problem)
     if spec.prepass == "pack":
-        kp = packed_k(spec, problem.k)
-        chunks = (problem.m + problem.n) * (kp // spec.chunk_elems)
-        launches.append(KernelLaunch(symbol=pack_symbol(spec), grid=(-(-chunks // PACK_THREADS), 1, 1),
-                                     block=(PACK_THREADS, 1, 1), smem=0, args=("WS", "X", "W", "M", "N", "K")))
-        workspace += (problem.m + problem.n) * kp * spec.elem
+        launches.append(pack_launch(spec.name, spec.chunk_elems, problem))
+        workspace += (problem.m + problem.n) * packed_k(spec.chunk_elems, problem.k) * spec.elem
     launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
                                  smem=spec.smem_bytes, args=SPARSE_ARGS if spec.block else MAIN_ARGS))
     if spec.reduce == "two_pass":
@@ -344,13 +335,10 @@ def headers(spec: Spec) -> list[str]:
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    ce = spec.chunk_elems
     partials = f"ceil16(4*{spec.split_k}*M*N)" if spec.reduce == "two_pass" else "0"
     parts = []
     if spec.prepass == "pack":
-        parts.append(f"{pack_symbol(spec)}: KP = ceil(K/{ce})*{ce}; grid = (ceil((M+N)*KP/{ce}/{PACK_THREADS}), 1, 1), "
-                     f"block = ({PACK_THREADS}, 1, 1); it writes zero-padded copies of X and W to WS at byte {partials}, "
-                     f"(M+N)*KP*{spec.elem} bytes")
+        parts.append(pack_rule(spec.name, spec.chunk_elems, spec.elem, partials))
     parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
                  f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
     if spec.block:

@@ -15,14 +15,20 @@ from codegen.problem import Problem
 pytestmark = pytest.mark.gpu
 
 
+#: numpy storage of each manifest element type (bf16 as its 16 raw bits).
+_STORAGE = {"float": np.float32, "__half": np.float16, "__nv_bfloat16": np.uint16}
+
+
 def _launch_from_manifest(cu: str, manifest: dict, x, w, b) -> np.ndarray:
-    """Compile and run with cuda-python and the manifest only (no gemmscape code)."""
+    """Compile and run with cuda-python and the manifest only (no gemmscape code): X, W, B given in
+    the manifest's element type (numpy storage), Y returned in it. Tensor-map arguments are encoded
+    as the manifest says; a persistent launch gets at most one block per multiprocessor."""
     from cuda.bindings import driver, nvrtc
 
     from codegen.compile import include_dirs  # only to find the CUDA headers on this machine
 
     def ok(res):
-        err, *vals = res
+        err, *vals = res if isinstance(res, tuple) else (res,)
         assert int(err) == 0, err
         return vals[0] if len(vals) == 1 else vals
 
@@ -34,33 +40,60 @@ def _launch_from_manifest(cu: str, manifest: dict, x, w, b) -> np.ndarray:
     cubin = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog))
     nvrtc.nvrtcGetCUBIN(prog, cubin)
     ok(driver.cuInit(0))
-    ctx = ok(driver.cuDevicePrimaryCtxRetain(ok(driver.cuDeviceGet(0))))
+    device = ok(driver.cuDeviceGet(0))
+    ctx = ok(driver.cuDevicePrimaryCtxRetain(device))
     ok(driver.cuCtxSetCurrent(ctx))
+    sms = ok(driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
     module = ok(driver.cuModuleLoadData(cubin))
     p = manifest["problem"]
     m, n, k = p["m"], p["n"], p["k"]
+    storage = _STORAGE[manifest["element_type"]]
 
     def upload(a):
+        a = np.ascontiguousarray(a, dtype=storage)
         ptr = ok(driver.cuMemAlloc(a.nbytes))
-        driver.cuMemcpyHtoD(ptr, a.ctypes.data, a.nbytes)
+        ok(driver.cuMemcpyHtoD(ptr, a.ctypes.data, a.nbytes))
         return ptr
 
+    y = np.empty((m, n), storage)
     ptrs = {"X": upload(x), "W": upload(w), "B": upload(b) if b is not None else 0,
-            "Y": ok(driver.cuMemAlloc(m * n * 4)),
+            "Y": ok(driver.cuMemAlloc(y.nbytes)),
             "WS": ok(driver.cuMemAlloc(manifest["workspace_bytes"])) if manifest["workspace_bytes"] else 0}
     if manifest["zero_output_first"]:
-        ok(driver.cuMemsetD8(ptrs["Y"], 0, m * n * 4))
+        ok(driver.cuMemsetD8(ptrs["Y"], 0, y.nbytes))
     dims = {"M": m, "N": n, "K": k}
+
+    def tensor_map(t: dict):
+        assert t["encode"] == "cuTensorMapEncodeTiled"
+        enum = lambda kind, name: getattr(getattr(driver, kind), name)  # noqa: E731
+        tmap = ok(driver.cuTensorMapEncodeTiled(
+            enum("CUtensorMapDataType", t["data_type"]), t["rank"], int(ptrs[t["operand"]]) + t["offset_bytes"],
+            [driver.cuuint64_t(v) for v in t["global_dim"]], [driver.cuuint64_t(v) for v in t["global_strides_bytes"]],
+            [driver.cuuint32_t(v) for v in t["box_dim"]], [driver.cuuint32_t(v) for v in t["element_strides"]],
+            enum("CUtensorMapInterleave", t["interleave"]), enum("CUtensorMapSwizzle", t["swizzle"]),
+            enum("CUtensorMapL2promotion", t["l2_promotion"]), enum("CUtensorMapFloatOOBfill", t["oob_fill"])))
+        return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(tmap.getPtr(), 128))
+
     for kern in manifest["kernels"]:
         func = ok(driver.cuModuleGetFunction(module, kern["symbol"].encode()))
-        vals = [ctypes.c_int(dims[a["name"]]) if a["type"] == "int" else ctypes.c_void_p(int(ptrs[a["name"]]))
+        if kern["dynamic_smem_bytes"] > 48 * 1024:
+            ok(driver.cuFuncSetAttribute(func, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         kern["dynamic_smem_bytes"]))
+        vals = [tensor_map(a["tensor_map"]) if "tensor_map" in a
+                else ctypes.c_int(dims[a["name"]]) if a["type"] == "int" else ctypes.c_void_p(int(ptrs[a["name"]]))
                 for a in kern["args"]]
         arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        ok(driver.cuLaunchKernel(func, *kern["grid_for_problem"], *kern["block"], kern["dynamic_smem_bytes"],
+        grid = list(kern["grid_for_problem"])
+        if kern.get("persistent"):
+            grid[0] = min(grid[0], sms)
+        ok(driver.cuLaunchKernel(func, *grid, *kern["block"], kern["dynamic_smem_bytes"],
                                  driver.CUstream(0), ctypes.addressof(arr), 0))
     ok(driver.cuCtxSynchronize())
-    y = np.empty((m, n), np.float32)
-    driver.cuMemcpyDtoH(y.ctypes.data, ptrs["Y"], y.nbytes)
+    ok(driver.cuMemcpyDtoH(y.ctypes.data, ptrs["Y"], y.nbytes))
+    for ptr in ptrs.values():
+        if ptr:
+            driver.cuMemFree(ptr)
+    driver.cuModuleUnload(module)
     return y
 
 

@@ -1,0 +1,271 @@
+"""Hopper family: warpgroup matrix instructions (wgmma) fed by the tensor memory accelerator (TMA).
+
+One producer warpgroup (registers shrunk by ``setmaxnreg``) has one thread copy k-tiles of X and W
+with ``cp.async.bulk.tensor`` into a ring of ``stages`` shared-memory buffers, in the 128-byte
+swizzled K-major layout that ``wgmma`` reads; each buffer has a "full" mbarrier (the copy engine
+completes its byte count) and an "empty" one (every consumer warp arrives when its wgmma have
+read it). ``consumers`` (1 or 2) consumer warpgroups (registers grown by ``setmaxnreg``) each own
+``bm / consumers`` rows of the ``bm x bn`` block tile and issue ``wgmma.mma_async`` m64n``bn``k16
+from shared-memory descriptors, keeping one k-tile of wgmma in flight while the next is issued.
+The epilogue adds the bias in fp32, converts and stores straight from the accumulators with
+bounds checks. X and W are read through tensor maps (``codegen.launch.TensorMapArg``) that the
+runtime encodes per problem: TMA zero-fills whatever lies past M, N or K, so every shape runs
+the same pipeline. TMA needs 16-byte row pitches: when K is not a multiple of 8,
+``prepass="pack"`` first copies X and W into the workspace with rows padded to 16 bytes.
+``persistent`` launches one block per multiprocessor, each looping over output tiles in the
+grouped order (``group_m``), so the loads of the next tile overlap the epilogue of the last.
+Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from codegen.launch import (
+    PACK_THREADS,
+    KernelLaunch,
+    LaunchPlan,
+    TensorMapArg,
+    pack_launch,
+    pack_rule,
+    packed_k,
+)
+from codegen.problem import DType, Problem
+from codegen.spec import DeviceLimits, SpecData
+
+NAME = "hopper"
+DTYPES = (DType.bf16, DType.fp16)
+PREPASSES = ("none", "pack")
+SWIZZLE = 128  # bytes: one k-tile row is one 128-byte swizzle span
+WG = 128  # threads in a warpgroup
+WGMMA_M, WGMMA_K = 64, 16
+CONSUMERS = (1, 2)
+#: Registers per thread after setmaxnreg: the producer gives up what the consumers take. With two
+#: consumer warpgroups the block starts at 168 (65536 / 384, in steps of 8) and 40 + 2 x 232 fits;
+#: with one it starts at the 255 cap.
+PRODUCER_REGS = 40
+CONSUMER_REGS = {1: 240, 2: 232}
+#: Registers a consumer thread needs beside its accumulators (descriptors, indices, epilogue).
+CONSUMER_OVERHEAD = 56
+ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
+PTX_TYPE = {DType.bf16: "bf16", DType.fp16: "f16"}
+PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2"}
+
+
+@dataclass(frozen=True)
+class Spec(SpecData):
+    """One warp-specialized wgmma + TMA GEMM variant; its generated ``name`` is its identity.
+
+    The k-tile is one 128-byte swizzle span (64 elements of a 16-bit type), so it is not a field."""
+
+    dtype: DType = DType.bf16
+    bias: bool = False
+    bm: int = field(default=128, metadata={"help": "block tile rows (M): 64 or 128 per consumer warpgroup"})
+    bn: int = field(default=256, metadata={"help": "block tile columns (N) = wgmma N, a multiple of 8 up to 256"})
+    stages: int = field(default=4, metadata={"help": "shared-memory ring depth (2-8)"})
+    consumers: int = field(default=2, metadata={"help": "consumer warpgroups (1 or 2), each owns bm/consumers rows"})
+    group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
+    persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
+    prepass: str = field(default="none", metadata={"choices": PREPASSES,
+                                                   "help": "pack rows to 16 bytes first (needed when K is not a multiple of 8)"})
+
+    family: ClassVar[str] = NAME
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return (f"hp_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
+                f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
+                f"{'_pk' if self.prepass == 'pack' else ''}")
+
+    _NAME = re.compile(
+        r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
+        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> Spec:
+        match = cls._NAME.fullmatch(name)
+        if not match:
+            raise ValueError(f"not a {NAME} kernel name: {name!r}")
+        g = match.groupdict()
+        g.pop("bk")
+        spec = cls(
+            dtype=DType(g.pop("dtype")),
+            bias=g.pop("bias") == "bias",
+            persistent=bool(g.pop("persistent")),
+            prepass="pack" if g.pop("prepass") else "none",
+            **{k: int(v) for k, v in g.items()},
+        )
+        if spec.name != name:
+            raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
+        return spec
+
+    # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def elem(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def bk(self) -> int:
+        """k-tile depth: one 128-byte swizzled row."""
+        return SWIZZLE // self.elem
+
+    @property
+    def wg_m(self) -> int:
+        """Rows of the block tile each consumer warpgroup owns."""
+        return self.bm // max(self.consumers, 1)
+
+    @property
+    def frag_m(self) -> int:
+        """m64 wgmma row blocks per consumer warpgroup."""
+        return self.wg_m // WGMMA_M
+
+    @property
+    def acc_regs(self) -> int:
+        """fp32 accumulators per consumer thread."""
+        return self.frag_m * self.bn // 2
+
+    @property
+    def threads(self) -> int:
+        return WG * (self.consumers + 1)
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.bm + self.bn) * SWIZZLE
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring, its full and empty barriers, and 1 KiB to align the ring to the swizzle's 1024-byte period."""
+        return self.stages * self.stage_bytes + 2 * 8 * self.stages + 1024
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
+        """Why this point is invalid (empty when it is valid). Costs no compile."""
+        limits = limits or DeviceLimits()
+        why: list[str] = []
+        for name in ("bm", "bn", "stages", "group_m"):
+            if getattr(self, name) < 1:
+                why.append(f"{name} must be >= 1")
+        if self.prepass not in PREPASSES:
+            why.append(f"prepass must be one of {PREPASSES}, got {self.prepass!r}")
+        if self.consumers not in CONSUMERS:
+            why.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
+        if self.dtype not in DTYPES:
+            why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value}")
+        if why:
+            return why
+        if limits.sm != 90:
+            why.append(f"the {NAME} family needs sm_90 (wgmma and setmaxnreg are sm_90a instructions), not sm_{limits.sm}")
+        if self.bm % (WGMMA_M * self.consumers):
+            why.append(f"bm {self.bm} must be a multiple of 64 x {self.consumers} consumer warpgroup(s)")
+        if self.bn % 8 or not 8 <= self.bn <= 256:
+            why.append(f"bn {self.bn} must be a multiple of 8 from 8 to 256 (wgmma N, TMA box rows)")
+        if self.bm > 256:
+            why.append(f"bm {self.bm} > 256 (TMA box rows)")
+        if not 2 <= self.stages <= 8:
+            why.append(f"stages must be 2 to 8, got {self.stages}")
+        if why:
+            return why
+        budget = CONSUMER_REGS[self.consumers]
+        if self.acc_regs + CONSUMER_OVERHEAD > budget:
+            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}) > the {budget} "
+                       f"registers a consumer gets: make bm/consumers x bn smaller")
+        if self.threads > limits.max_threads:
+            why.append(f"{self.threads} threads per block > {limits.max_threads}")
+        if self.smem_bytes > limits.max_smem:
+            why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
+        if problem is not None:
+            if problem.dtype is not self.dtype:
+                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
+            if problem.bias != self.bias:
+                why.append("spec and problem disagree on bias")
+            if problem.block:
+                why.append(f"the {NAME} family computes a dense W only")
+            if problem.k * self.elem % 16 and self.prepass != "pack":
+                why.append(f"K={problem.k}: rows of X and W are {problem.k * self.elem} bytes apart, not a multiple "
+                           f"of 16 as TMA needs; use prepass='pack' (rows copied to a 16-byte pitch first) "
+                           f"or the tensorcore family")
+        return why
+
+
+# ---- template values and launch plan --------------------------------------------------------
+def template_values(spec: Spec) -> dict:
+    """Every number the template uses, computed here once."""
+    values = spec.to_dict()
+    acc = spec.bn // 2
+    values.update(
+        name=spec.name,
+        dtype=spec.dtype.value,
+        bk=spec.bk,
+        threads=spec.threads,
+        wg_m=spec.wg_m,
+        frag_m=spec.frag_m,
+        acc=acc,
+        k_steps=spec.bk // WGMMA_K,
+        k_step_bytes=WGMMA_K * spec.elem,
+        a_bytes=spec.bm * SWIZZLE,
+        stage_bytes=spec.stage_bytes,
+        bar_offset=spec.stages * spec.stage_bytes,
+        wg_a_bytes=spec.wg_m * SWIZZLE,
+        frag_a_bytes=WGMMA_M * SWIZZLE,
+        sbo=8 * SWIZZLE,  # bytes between 8-row groups of a swizzled tile
+        empty_arrivals=spec.consumers * (WG // 32),
+        producer_regs=PRODUCER_REGS,
+        consumer_regs=CONSUMER_REGS[spec.consumers],
+        wgmma_ptx=f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{spec.bn}k{WGMMA_K}.f32.{PTX_TYPE[spec.dtype]}.{PTX_TYPE[spec.dtype]}",
+        acc_operands=", ".join(f"%{i}" for i in range(acc)),
+        acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(acc)),
+        pair_type=PAIR_TYPE[spec.dtype],
+        pack_threads=PACK_THREADS,
+        chunk_elems=16 // spec.elem,
+    )
+    return values
+
+
+def compile_target(arch: str) -> str:
+    """NVRTC's -arch for this family on ``arch``: wgmma and setmaxnreg need the arch-specific sm_90a."""
+    return "sm_90a" if arch == "sm_90" else arch
+
+
+def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapArg], int]:
+    """The tensor maps of X and W, and the workspace the pack prepass needs (0 without it)."""
+    m, n, k, e = problem.m, problem.n, problem.k, spec.elem
+    common = dict(dtype=spec.dtype.value, swizzle=SWIZZLE)
+    if spec.prepass == "pack":
+        kp = packed_k(16 // e, k)
+        return (TensorMapArg("TX", "WS", dims=(k, m), pitch=kp * e, box=(spec.bk, spec.bm), offset=0, **common),
+                TensorMapArg("TW", "WS", dims=(k, n), pitch=kp * e, box=(spec.bk, spec.bn), offset=m * kp * e,
+                             **common)), (m + n) * kp * e
+    return (TensorMapArg("TX", "X", dims=(k, m), pitch=k * e, box=(spec.bk, spec.bm), **common),
+            TensorMapArg("TW", "W", dims=(k, n), pitch=k * e, box=(spec.bk, spec.bn), **common)), 0
+
+
+def plan(spec: Spec, problem: Problem) -> LaunchPlan:
+    tiles = -(-problem.m // spec.bm) * -(-problem.n // spec.bn)
+    maps, workspace = _maps(spec, problem)
+    launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
+    launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1), smem=spec.smem_bytes,
+                                 args=ARGS, persistent=spec.persistent))
+    return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, tensor_maps=maps)
+
+
+def grid_rule(spec: Spec) -> str:
+    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
+    e, ce = spec.elem, 16 // spec.elem
+    parts = []
+    if spec.prepass == "pack":
+        parts.append(pack_rule(spec.name, ce, e, "0"))
+        src_x, src_w, pitch = "WS", f"WS + M*KP*{e} bytes", f"KP*{e}"
+    else:
+        src_x, src_w, pitch = "X", "W", f"K*{e}"
+    tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
+    blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+    parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
+                 f"{spec.smem_bytes} B; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
+                 f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
+                 f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.bn}); "
+                 f"X, W and WS 16-byte aligned")
+    return "; ".join(parts)

@@ -1,0 +1,58 @@
+"""Search space of the Hopper family (codegen/families/hopper.py): one definition."""
+
+from __future__ import annotations
+
+from codegen.families.hopper import Spec
+from codegen.problem import DType, Problem
+from search.space import Space
+
+NAME = "hopper"
+
+
+def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
+    """Everything the Hopper template can express that is worth trying. The k-tile is fixed (one
+    128-byte swizzle span), and the pack prepass is not sampled: it is on exactly when the
+    problem's K breaks TMA's 16-byte row pitch (``to_spec``). Clusters are size 1."""
+    return Space(NAME, {
+        "bm": (64, 128, 256),
+        "bn": (64, 96, 128, 160, 192, 224, 256),
+        "stages": (2, 3, 4, 5, 6),
+        "consumers": (1, 2),
+        "persistent": (False, True),
+        "group_m": (1, 4, 8, 16),
+    })
+
+
+#: A narrowing small enough to sweep exhaustively on a GPU in minutes.
+RESTRICTED = dict(bm=(128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
+                  group_m=(8,))
+
+
+def _point(bm, bn, stages, consumers, persistent, group_m=8) -> dict:
+    return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m)
+
+
+#: Plausible good points, UNTESTED until measured on the H200: the usual Hopper choices for large
+#: 16-bit layers (two consumer warpgroups of 64 x 256, or of 128 x 128, four stages), a persistent
+#: variant of each, and smaller tiles for layers with few output tiles. Replace with measured
+#: winners once a search has run.
+SEEDS = [
+    _point(128, 256, 4, 2, False),
+    _point(128, 256, 4, 2, True),
+    _point(256, 128, 4, 2, True),
+    _point(128, 128, 5, 2, True),
+    _point(128, 128, 6, 1, True),
+    _point(64, 128, 6, 1, True, group_m=4),
+]
+
+
+def to_spec(point: dict, problem: Problem) -> Spec:
+    """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows."""
+    pack = problem.k * problem.dtype.itemsize % 16 != 0
+    return Spec(dtype=problem.dtype, bias=problem.bias, prepass="pack" if pack else "none", **point)
+
+
+def point_of(spec: Spec) -> dict:
+    """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
+    d = spec.to_dict()
+    return {k: d[k] for k in space(spec.dtype).dims}
