@@ -1,6 +1,8 @@
 """The tuning key: what the user wants computed.
 
-A linear layer ``Y[M,N] = X[M,K] · W[N,K]ᵀ (+ b[N])``, all row-major (``nn.Linear`` layout).
+A linear layer ``Y[M,N] = X[M,K] · W[N,K]ᵀ (+ b[N])``, all row-major (``nn.Linear`` layout), and
+its two backward GEMMs. M, N and K always name the GEMM's output rows, output columns and reduction;
+``linear_problems`` maps a layer's batch, in and out features onto them for each layout.
 W is dense, or block-sparse: ``block`` > 0 names the size of its square blocks, ``density`` the
 fraction kept and ``pattern`` the hash of which ones (codegen.sparse holds the pattern itself).
 """
@@ -32,7 +34,11 @@ class DType(str, enum.Enum):
 
 
 class Layout(str, enum.Enum):
-    forward = "forward"  # Y = X·Wᵀ: X [M,K], W [N,K], both K-contiguous
+    """Which GEMM of the linear layer, and so how its operands are stored (all row-major)."""
+
+    forward = "forward"  # Y[batch,out] = X[batch,in]·W[out,in]ᵀ: M=batch, N=out, K=in
+    grad_input = "grad_input"  # dX[batch,in] = dY[batch,out]·W[out,in]: M=batch, N=in, K=out
+    grad_weight = "grad_weight"  # dW[out,in] = dY[batch,out]ᵀ·X[batch,in]: M=out, N=in, K=batch
 
 
 @dataclass(frozen=True)
@@ -99,3 +105,14 @@ class Problem:
     def from_dict(cls, d: dict) -> Problem:
         names = ("m", "n", "k", "dtype", "layout", "bias", "block", "density", "pattern")
         return cls(**{k: d[k] for k in names if k in d and d[k] is not None})
+
+
+def linear_problems(batch: int, in_features: int, out_features: int, dtype: DType | str = DType.fp32,
+                    bias: bool = False) -> dict[Layout, Problem]:
+    """The three GEMMs of one ``nn.Linear`` step. ``bias`` adds b to the forward output and asks the
+    weight gradient for db = Σ_batch dY as well; the input gradient never has a bias."""
+    return {
+        Layout.forward: Problem(batch, out_features, in_features, dtype, Layout.forward, bias),
+        Layout.grad_input: Problem(batch, in_features, out_features, dtype, Layout.grad_input, False),
+        Layout.grad_weight: Problem(out_features, in_features, batch, dtype, Layout.grad_weight, bias),
+    }

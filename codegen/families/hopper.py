@@ -32,7 +32,7 @@ from codegen.launch import (
     pack_rule,
     packed_k,
 )
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.spec import DeviceLimits, SpecData
 
 NAME = "hopper"
@@ -178,6 +178,8 @@ class Spec(SpecData):
         if self.smem_bytes > limits.max_smem:
             why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
         if problem is not None:
+            if problem.layout is not Layout.forward:
+                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:

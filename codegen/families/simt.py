@@ -19,7 +19,7 @@ from codegen.launch import (
     reduce_rule,
     workspace_bytes,
 )
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.spec import DeviceLimits, SpecData, sparse_rules
 
 NAME = "simt"
@@ -255,6 +255,8 @@ class Spec(SpecData):
         elif self.reduce == "atomic" and self.dtype is not DType.fp32:
             why.append("atomic split-K reduction needs fp32 output")
         if problem is not None:
+            if problem.layout is not Layout.forward:
+                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:

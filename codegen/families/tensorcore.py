@@ -36,7 +36,7 @@ from codegen.launch import (
     reduce_rule,
     workspace_bytes,
 )
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.spec import DeviceLimits, SpecData, sparse_rules
 
 NAME = "tensorcore"
@@ -243,6 +243,8 @@ class Spec(SpecData):
         elif self.regs_estimate * self.threads > limits.regs_per_block:
             why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
         if problem is not None:
+            if problem.layout is not Layout.forward:
+                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
