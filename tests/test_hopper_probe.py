@@ -56,8 +56,9 @@ def test_every_probe_shape_maps_every_point_to_a_valid_kernel():
                 spec = to_spec("hopper", point, problem)
                 assert not spec.check(problem), (spec.name, spec.check(problem))
                 assert (spec.prepass == "pack") == (k % 8 != 0)
+    # issue 14's timed layers
     assert {s[:3] for s in probe.SHAPES if s[4]} == {(4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096),
-                                                     (4097, 4095, 4093)}
+                                                     (128, 4096, 4096), (4097, 4095, 4093)}
 
 
 def _run(label, events, ending="done", exit_code=0, stderr=""):
@@ -85,6 +86,34 @@ def test_tables_show_results_timings_and_where_a_point_stopped():
     assert "hung bf16 4096x4096x4096: hang at wait" in text
     assert "process ended with hang (exit 4)" in text
     assert probe.results_of(hung)[("bf16", "4096x4096x4096")]["status"] == "hang"
+
+
+def _timed(kernel, ours_ms, cublas_ms):
+    t = lambda ms: {"ms": ms, "p20": ms * 0.99, "p80": ms * 1.01, "reps": 20}  # noqa: E731
+    o, c = t(ours_ms), t(cublas_ms)
+    return {"event": "result", "dtype": "bf16", "shape": "4096x4096x4096", "kernel": kernel, "status": "ok",
+            "rel_error": 2e-3, "ours_ms": o["ms"], "ours_p20": o["p20"], "ours_p80": o["p80"], "ours_reps": 20,
+            "cublas_ms": c["ms"], "cublas_p20": c["p20"], "cublas_p80": c["p80"], "cublas_reps": 20,
+            "tflops": 137.4 / ours_ms, "cublas_tflops": 137.4 / cublas_ms, "ratio": cublas_ms / ours_ms}
+
+
+def test_design_doc_keeps_the_fastest_valid_point_with_its_own_baseline():
+    device = {"event": "device", "name": "NVIDIA H200", "sm": "sm_90", "driver": "13.0", "torch": "2.11"}
+    slow = _run("slow", [device, _timed("hp_slow", 0.25, 0.18)])
+    fast = _run("fast", [device, _timed("hp_fast", 0.20, 0.17)])
+    wrong = _run("wrong", [device, {**_timed("hp_wrong", 0.01, 0.17), "status": "wrong_result"}])
+    doc = {"date": "2026-12-01T21:00:00Z", "device": "NVIDIA H200", "command": "python3 -m benchmarks.hopper_probe",
+           "timing": probe.TIMING, "shapes": [(67, 45, 88, False, False), (4096, 4096, 4096, False, True)],
+           "runs": [slow, wrong, fast]}
+    out = probe.design_doc(doc)
+    assert out["suite"] == "hopper" and out["device"] == "NVIDIA H200" and out["versions"]["driver"] == "13.0"
+    [rec] = out["records"]  # one timed shape, one dtype; the wrong point never counts
+    assert rec["problem"] == {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "forward", "bias": False,
+                              "density": 1.0, "block": None}
+    assert rec["ours"]["kernel"] == "hp_fast" and rec["ours"]["median_ms"] == 0.20
+    assert rec["baselines"]["cublas"]["median_ms"] == 0.17  # cuBLAS timed beside the chosen point
+    assert rec["ratio"]["cublas"] == pytest.approx(0.85)
+    assert set(rec["ours"]["others"]) == {"slow"} and "2 hand-picked" in rec["ours"]["search"]["selection"]
 
 
 class _FakeEngine:
