@@ -740,10 +740,43 @@ def _device_list(store) -> str:
     return "; ".join(f"{d['id']} {d['name']}" for d in store.devices()) or "none"
 
 
+def cmd_export_bundle(args: argparse.Namespace) -> int:
+    """``codegen export --bundle DIR``: the best kernel of every tuned problem, with one index."""
+    from codegen.bundle import write_bundle
+
+    given = [f for f, v in (("--best", args.best), ("--kernel", args.kernel), ("--out", args.out)) if v]
+    given += [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None] + sparse_given(args)
+    if given:
+        raise UsageError(f"--bundle exports every tuned problem; drop {', '.join(given)}")
+    check_writable(args.bundle, "--bundle", folder=True)
+    store = open_store(args.db, read_only=True)
+    device_id = None
+    if args.device:
+        device = store.find_device(args.device)
+        if device is None:
+            raise UsageError(f"no single device {args.device!r} in {store.location} (id or name; there: "
+                             f"{_device_list(store)})")
+        device_id = device["id"]
+    index = write_bundle(store, args.bundle, device_id=device_id, family=args.family)
+    for s in index["skipped"]:
+        print(f"skipped {s['problem']} on {s['device']}: {s['reason']}", file=sys.stderr)
+    if not index["kernels"]:
+        raise Failure(f"no kernel could be exported from {store.location}" +
+                      (" (all skipped, see above)" if index["skipped"] else ": nothing tuned yet (`codegen tune-linear`)"))
+    devices = sorted({e["device"] for e in index["kernels"]})
+    print(f"wrote {len(index['kernels'])} kernels ({len({e['key'] for e in index['kernels']})} problems, "
+          f"{len(devices)} device{'s' if len(devices) != 1 else ''}) and {args.bundle / 'index.json'}")
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from codegen.export import ExportError, export_kernel, write_export
     from store.records import is_recorded
 
+    if args.bundle is not None:
+        return cmd_export_bundle(args)
+    if args.out is None:
+        raise UsageError("give --out DIR (one kernel) or --bundle DIR (every tuned kernel)")
     if args.best and args.kernel:
         raise UsageError("give --best (the fastest kernel for a problem) or --kernel NAME, not both")
     if not args.best and not args.kernel:
@@ -790,6 +823,110 @@ def cmd_export(args: argparse.Namespace) -> int:
     cu, js = write_export(args.out, name, texts)
     print(f"wrote {cu} and {js}")
     return EXIT_OK
+
+
+def cmd_tune_linear(args: argparse.Namespace) -> int:
+    from codegen.tune import LayerShape, layer_problems
+
+    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
+    print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
+    return run_tuning(args, layer_problems({shape: ["layer"]}))
+
+
+def cmd_tune_model(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
+    from codegen.tune import layer_problems, linear_layers, load_model
+
+    try:
+        model = load_model(args.model)
+        shapes = linear_layers(model, args.batch, DType(args.dtype) if args.dtype else None)
+    except ValueError as e:
+        raise UsageError(f"{args.model}: {e}") from None
+    if not shapes:
+        raise Failure(f"{args.model} has no nn.Linear layer")
+    layers = sum(len(v) for v in shapes.values())
+    print(f"{layers} linear layer{'s' if layers != 1 else ''}, {len(shapes)} distinct shape"
+          f"{'s' if len(shapes) != 1 else ''} at batch {args.batch}:", file=sys.stderr)
+    for shape, names in shapes.items():
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+        print(f"  {shape.describe()}: {shown}", file=sys.stderr)
+    return run_tuning(args, layer_problems(shapes))
+
+
+def run_tuning(args: argparse.Namespace, problems: dict) -> int:
+    """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
+    from codegen.tune import tune
+    from codegen.versions import versions
+    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+
+    family = family_of_args(args)
+    space_name = "restricted" if args.restricted else "full"
+    seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
+    results_skipped = []
+    if args.replay:
+        try:
+            recorded = ReplayMeasurer(args.replay)
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
+        if args.family and args.family != recorded.space.family:
+            raise UsageError(f"{args.replay} records the {recorded.space.family} family, not {args.family}")
+        family, space_name = recorded.space.family, "replay"
+        for p in [p for p in problems if p != recorded.problem]:
+            print(f"skip {p.key}: {args.replay} records {recorded.problem.key}", file=sys.stderr)
+            results_skipped.append(p)
+        problems = {p: v for p, v in problems.items() if p == recorded.problem}
+
+        def make_measurer(problem):
+            return ReplayMeasurer(args.replay, problem)
+    else:
+        check_cache()
+        from search.parallel import gpu_measurer
+
+        def make_measurer(problem):
+            return gpu_measurer(problem, None, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
+    if not args.no_store:
+        check_store(args.db)
+    store = None if args.no_store else open_store(args.db)
+
+    def seeds_for(problem, space, measurer, store):
+        return search_seeds(seeding, problem, space, space_name, measurer, store)
+
+    try:
+        results = tune(problems, family, make_measurer, budget=args.budget, store=store, sampler=args.sampler,
+                       seed=args.seed, restricted=args.restricted, progress=not args.quiet,
+                       say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
+                       command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
+                       space=recorded.space if args.replay else None)
+    except NoGpu as e:
+        raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
+    except KeyboardInterrupt as e:
+        print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(tuning_table(results, results_skipped))
+    if store is not None and any(r.summary is not None and r.summary.best for r in results):
+        print(f"stored in {store.location}: `codegen export --bundle DIR` writes them for codegen.nn", file=sys.stderr)
+    return EXIT_OK if any(r.summary is not None and r.summary.best for r in results) else EXIT_FAILURE
+
+
+def tuning_table(results: list, not_recorded: list | None = None) -> str:
+    """One line per GEMM: layout, problem, what it serves, and the best kernel or why none."""
+    lines = [f"{'layout':12s} {'problem':34s} {'best kernel':62s} {'TFLOP/s':>8s} {'x cuBLAS':>8s}  layers"]
+    for r in results:
+        layers = ", ".join(dict.fromkeys(r.layers))
+        best = r.summary.best if r.summary is not None else None
+        if best:
+            ratio = best.get("ratio", {}).get("cublas")
+            lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {best['kernel']:62s} "
+                         f"{best['tflops']:8.2f} {(f'{ratio:.3f}' if ratio else '-'):>8s}  {layers}")
+        else:
+            why = f"skipped: {r.skipped}" if r.skipped else f"no ok kernel: {r.summary.stopped}"
+            lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {why[:62]:62s} {'-':>8s} {'-':>8s}  {layers}")
+    for p in not_recorded or []:
+        lines.append(f"{p.layout.value:12s} {p.key:34s} {'skipped: not in the recording':62s} {'-':>8s} {'-':>8s}")
+    return "\n".join(lines)
 
 
 def cmd_results(args: argparse.Namespace) -> int:
@@ -918,10 +1055,32 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--device", metavar="NAME|ID",
                    help="the device whose measurement counts, by id or name as `codegen results` shows "
                         "(default: the fastest over all devices)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="folder to write into (created if missing)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder to write into, created if missing (default: none; needed unless --bundle)")
+    p.add_argument("--bundle", type=Path, metavar="DIR",
+                   help="write the fastest kernel of every tuned problem (per device; with --device, --family: "
+                        "of those) and one index.json that codegen.nn loads without the store (default: none)")
     add_db_arg(p)
     p.set_defaults(func=cmd_export)
+
+    p = command("tune-linear", "tune the three GEMMs of one linear layer (forward, grad_input, grad_weight)")
+    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step)")
+    p.add_argument("--in", dest="in_features", type=positive_int, required=True, metavar="IN", help="in features")
+    p.add_argument("--out", dest="out_features", type=positive_int, required=True, metavar="OUT",
+                   help="out features")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
+    add_tune_args(p)
+    p.set_defaults(func=cmd_tune_linear)
+
+    p = command("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
+    p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "
+                   "whole with torch.save (.pt/.pth)")
+    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step) for every layer")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help="element type (default: each layer's weight dtype)")
+    add_tune_args(p)
+    p.set_defaults(func=cmd_tune_model)
 
     p = command("results", "the best kernels per problem and device")
     add_db_arg(p)
@@ -934,6 +1093,23 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_number, default=8501, help="port on 127.0.0.1")
     p.set_defaults(func=cmd_app)
     return parser
+
+
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    """What tune-linear and tune-model share with ``codegen search``."""
+    add_family_arg(p, "whose space is searched")
+    p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM")
+    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"], help="Optuna sampler")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--restricted", action="store_true", help="search the restricted space")
+    p.add_argument("--no-warm-start", action="store_true", help="start from the family's built-in seeds only")
+    p.add_argument("--replay", type=Path, metavar="FILE",
+                   help="answer from a recorded sweep, no GPU: only the GEMM it recorded is tuned, the others "
+                        "are skipped (default: none, measure on the GPU)")
+    add_gpu_args(p, timeout=30.0)
+    p.add_argument("--no-store", action="store_true", help="do not record the trials")
+    p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def family_asked(argv: list[str] | None) -> str:

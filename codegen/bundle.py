@@ -1,0 +1,155 @@
+"""Tuned kernels without the store: a bundle folder, and one way to find a kernel in either.
+
+``codegen export --bundle DIR`` writes the best stored kernel of every problem (per device) as
+``<problem key>/<device>/<kernel>.cu`` and ``.json`` (the export manifest, codegen.export) and one
+``index.json`` listing them by layer shape, dtype, layout, bias and device. ``Bundle`` reads it back
+with nothing but the standard library; ``StoreKernels`` answers the same question from a store.
+Both ``find(problem, device)``: a ``KernelFile`` (manifest and source), or the reason there is none.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen.problem import Layout, Problem
+
+__all__ = ["BUNDLE_FORMAT", "Bundle", "BundleError", "KernelFile", "StoreKernels", "layer_shape", "write_bundle"]
+
+BUNDLE_FORMAT = "gemmscape-bundle/1"
+INDEX = "index.json"
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be read or written; the message says why."""
+
+
+@dataclass(frozen=True)
+class KernelFile:
+    """One tuned kernel: its export manifest, its CUDA source, and where it came from."""
+
+    manifest: dict
+    source: str
+    origin: str
+
+
+def layer_shape(problem: Problem) -> dict:
+    """The linear layer a GEMM belongs to: batch, in and out features (codegen.problem.linear_problems
+    read backwards)."""
+    m, n, k = problem.m, problem.n, problem.k
+    batch, in_f, out_f = {Layout.forward: (m, k, n), Layout.grad_input: (m, n, k),
+                          Layout.grad_weight: (k, n, m)}[problem.layout]
+    return {"batch": batch, "in": in_f, "out": out_f}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "device"
+
+
+def write_bundle(store, out: Path, *, device_id: int | None = None, family: str | None = None,
+                 include_recorded: bool = True) -> dict:
+    """Export the fastest ok kernel of every problem (on each device, or on ``device_id``; of
+    ``family`` if given) into ``out`` with one index.json; returns the index. Kernels that cannot
+    be exported (no stored source of the measured kernel, and the templates render another) are
+    listed under ``skipped`` with the reason, never shipped with a measurement of other source."""
+    from codegen.export import ExportError, export_kernel, write_export
+
+    out = Path(out)
+    entries, skipped = [], []
+    for row in store.best(device_id=device_id, family=family):
+        if row.get("recorded") and not include_recorded:
+            continue
+        problem = Problem.from_dict(row)
+        try:
+            texts = export_kernel(store, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
+                                  device_id=row["device_id"])
+        except ExportError as e:
+            skipped.append({"problem": problem.key, "device": row["device"], "kernel": row["kernel"], "reason": str(e)})
+            continue
+        folder = out / problem.key / _slug(row["device"])
+        cu, js = write_export(folder, row["kernel"], texts)
+        entries.append({
+            "problem": problem.to_dict(), "key": problem.key, "layer": layer_shape(problem),
+            "dtype": problem.dtype.value, "layout": problem.layout.value, "bias": problem.bias,
+            "device": row["device"], "recorded": bool(row.get("recorded")), "kernel": row["kernel"],
+            "family": row["family"], "manifest": str(js.relative_to(out)), "source": str(cu.relative_to(out)),
+            "median_ms": row["median_ms"], "tflops": row["tflops"],
+        })
+    index = {"format": BUNDLE_FORMAT, "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+             "store": store.location, "kernels": entries, "skipped": skipped}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+class Bundle:
+    """A bundle folder written by ``write_bundle``: its index, and the kernels it lists."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        file = self.path / INDEX if self.path.is_dir() else self.path
+        if not file.is_file():
+            raise BundleError(f"no bundle at {self.path}: {INDEX} is missing (write one with "
+                              f"`codegen export --bundle DIR`)")
+        try:
+            self.index = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BundleError(f"cannot read {file}: {e}") from None
+        if not isinstance(self.index, dict) or self.index.get("format") != BUNDLE_FORMAT:
+            raise BundleError(f"{file} is not a gemmscape bundle index (format {BUNDLE_FORMAT!r})")
+        self.root = file.parent
+        self.location = str(self.root)
+
+    @property
+    def entries(self) -> list[dict]:
+        return list(self.index.get("kernels", []))
+
+    def devices(self) -> list[str]:
+        return sorted({e["device"] for e in self.entries})
+
+    def find(self, problem: Problem, device: str) -> KernelFile | str:
+        """The bundle's kernel for ``problem`` on ``device`` (by name), or why there is none."""
+        same = [e for e in self.entries if e["key"] == problem.key]
+        if not same:
+            return f"no kernel for {problem.key} in the bundle {self.root}"
+        here = [e for e in same if e["device"] == device]
+        if not here:
+            return (f"the bundle {self.root} has {problem.key} tuned on {', '.join(sorted({e['device'] for e in same}))}, "
+                    f"not on {device}")
+        entry = min(here, key=lambda e: e["median_ms"])
+        try:
+            manifest = json.loads((self.root / entry["manifest"]).read_text())
+            source = (self.root / entry["source"]).read_text()
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            return f"the bundle's files for {problem.key} cannot be read: {e}"
+        return KernelFile(manifest, source, f"bundle {self.root}")
+
+
+class StoreKernels:
+    """The same lookup as ``Bundle.find``, answered by a store: its fastest ok kernel for the problem
+    measured on the device, exported as ``codegen export --best`` would."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.location = store.location
+
+    def find(self, problem: Problem, device: str) -> KernelFile | str:
+        from codegen.export import ExportError, export_kernel
+
+        rows = self.store.best(problem)
+        if not rows:
+            return f"no ok kernel for {problem.key} in {self.location}"
+        here = [r for r in rows if r["device"] == device]
+        if not here:
+            return (f"{self.location} has {problem.key} tuned on {', '.join(sorted({r['device'] for r in rows}))}, "
+                    f"not on {device}")
+        row = min(here, key=lambda r: (r["median_ms"], r["id"]))
+        try:
+            cu, js = export_kernel(self.store, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
+                                   device_id=row["device_id"])
+        except ExportError as e:
+            return str(e)
+        return KernelFile(json.loads(js), cu, f"store {self.location}")

@@ -1,0 +1,206 @@
+"""Tuning whole layers and models: the three GEMMs of each linear layer, each searched once.
+
+``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), ``generated`` says
+whether a family generates a problem at all (today the families refuse the backward layouts), and
+``tune`` runs the search (search.runner.run_search, as ``codegen search`` calls it) for each, with
+one progress bar over all trials. Finding a model's layers needs torch (``linear_layers``).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codegen.problem import DType, Layout, Problem, linear_problems
+
+__all__ = ["LayerShape", "TuneResult", "generated", "layer_problems", "linear_layers", "load_model", "tune"]
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One linear layer as tuned: batch (rows of X), in and out features, dtype, bias."""
+
+    batch: int
+    in_features: int
+    out_features: int
+    dtype: DType
+    bias: bool
+
+    def problems(self) -> dict[Layout, Problem]:
+        return linear_problems(self.batch, self.in_features, self.out_features, self.dtype, self.bias)
+
+    def describe(self) -> str:
+        return f"{self.batch}x{self.in_features}->{self.out_features} {self.dtype.value}" + (" +bias" if self.bias else "")
+
+
+@dataclass
+class TuneResult:
+    """What tuning one problem gave: the search summary, or why it was skipped."""
+
+    problem: Problem
+    layers: list[str] = field(default_factory=list)  # names of the layers it serves
+    skipped: str = ""
+    summary: object | None = None
+
+
+def layer_problems(shapes: dict[LayerShape, list[str]]) -> dict[Problem, list[str]]:
+    """Every GEMM of the given layers, each once, with the layers (names) that use it."""
+    out: dict[Problem, list[str]] = {}
+    for shape, names in shapes.items():
+        for problem in shape.problems().values():
+            out.setdefault(problem, []).extend(names)
+    return out
+
+
+def generated(problem: Problem, space, limits=None, samples: int = 400, seed: int = 0) -> str | None:
+    """None when ``space``'s family has a valid kernel for ``problem`` (one of its seeds, or one of
+    ``samples`` random points); else the reason its kernels give most often."""
+    from search.space import seeds
+
+    rng = random.Random(seed)
+    reasons: collections.Counter = collections.Counter()
+    points = [dict(p) for p in seeds(space.family, problem.block)]
+    points += [{k: rng.choice(v) for k, v in space.dims.items()} for _ in range(samples)]
+    for point in points:
+        try:
+            spec = space.spec(point, problem)
+        except (KeyError, ValueError, TypeError):
+            continue
+        why = spec.check(problem, limits) if limits is not None else spec.check(problem)
+        if not why:
+            return None
+        reasons.update(why)
+    if not reasons:
+        return f"no point of the {space.family} space maps onto a kernel for {problem.key}"
+    return reasons.most_common(1)[0][0]
+
+
+class _Counting:
+    """A measurer that also advances one shared progress bar per measured kernel."""
+
+    def __init__(self, measurer, bar) -> None:
+        self._m, self._bar = measurer, bar
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def __len__(self) -> int:
+        return len(self._m)
+
+    def next_done(self):
+        done = self._m.next_done()
+        self._bar.update(1)
+        return done
+
+
+def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callable[[Problem], object], *,
+         budget: int, store=None, sampler: str = "tpe", seed: int = 0, restricted: bool = False,
+         progress: bool = True, say: Callable[[str], None] = print, seeds_for=None, command: str = "",
+         versions: dict | None = None, space=None) -> list[TuneResult]:
+    """Search each problem once (``family``'s space, ``budget`` evaluated trials each), skipping with
+    one line each a problem the family does not generate. ``make_measurer(problem)`` gives the
+    measurer (closed here); ``space`` the space searched (default: the family's, full or restricted);
+    ``seeds_for(problem, space, measurer, store)`` the seeding (a
+    search.warm.Seeding), default the family's built-in seeds. One tqdm bar counts all trials."""
+    from tqdm import tqdm
+
+    from search.runner import run_search
+    from search.space import space_for
+
+    space_name = "replay" if space is not None else ("restricted" if restricted else "full")
+    results: list[TuneResult] = []
+    todo = []
+    for problem, layers in problems.items():
+        space_here = space if space is not None else space_for(family, problem.dtype, restricted)
+        why = generated(problem, space_here)
+        if why is not None:
+            say(f"skip {problem.key}: the {family} family generates no kernel for it ({why})")
+            results.append(TuneResult(problem, layers, skipped=why))
+        else:
+            todo.append((problem, layers, space_here))
+    bar = tqdm(total=budget * len(todo), desc=f"tuning {len(todo)} GEMM{'s' if len(todo) != 1 else ''}",
+               unit="trial", disable=not progress or not todo, dynamic_ncols=True, file=sys.stderr)
+    try:
+        for problem, layers, space_here in todo:
+            bar.set_postfix_str(problem.key, refresh=True)
+            start = bar.n
+            measurer = make_measurer(problem)
+            try:
+                if seeds_for is not None:
+                    points = seeds_for(problem, space_here, measurer, store).points
+                else:
+                    from search.warm import builtin_seeds
+
+                    points = [s.point for s in builtin_seeds(problem, space_here, measurer.limits)] or None
+                summary = run_search(problem, space_here, _Counting(measurer, bar), sampler=sampler, seed=seed,
+                                     budget=budget, space_name=space_name, store=store,
+                                     progress=False, command=command, versions=versions or {}, seeds=points)
+            finally:
+                measurer.close()
+            bar.update(max(0, start + budget - bar.n))  # a search that stopped early (or resumed) fills its share
+            results.append(TuneResult(problem, layers, summary=summary))
+            best = summary.best
+            bar.write(f"{problem.key}: " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
+                                            else f"no ok kernel ({summary.stopped})"))
+    finally:
+        bar.close()
+    return results
+
+
+# ---- models (torch) ---------------------------------------------------------------------------------
+def load_model(target: str):
+    """The model ``target`` names: ``file.py:factory`` (called with no arguments) or a module saved
+    whole with ``torch.save`` (.pt/.pth). Raises ValueError saying what is wrong."""
+    import torch
+
+    if ":" in target and not Path(target).exists():
+        path_text, attr = target.rsplit(":", 1)
+    else:
+        path_text, attr = target, ""
+    path = Path(path_text)
+    if not path.is_file():
+        raise ValueError(f"no file {path}")
+    if path.suffix == ".py":
+        if not attr:
+            raise ValueError(f"name the factory in {path}: {path}:FUNCTION (called with no arguments)")
+        spec = importlib.util.spec_from_file_location(f"gemmscape_model_{abs(hash(str(path.resolve())))}", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ValueError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+        factory = getattr(module, attr, None)
+        if factory is None:
+            raise ValueError(f"{path} has no {attr}")
+        model = factory() if callable(factory) else factory
+    else:
+        try:
+            model = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise ValueError(f"cannot load {path} as a saved module: {type(e).__name__}: {e}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{target} gives a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def linear_layers(model, batch: int, dtype: DType | None = None) -> dict[LayerShape, list[str]]:
+    """Every ``nn.Linear`` of ``model`` (by qualified name) grouped by shape at ``batch`` rows; the
+    dtype is ``dtype``, else each layer's weight's (fp32, fp16, bf16)."""
+    import torch
+
+    by_torch = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
+    shapes: dict[LayerShape, list[str]] = {}
+    for name, layer in model.named_modules():
+        if not isinstance(layer, torch.nn.Linear):
+            continue
+        d = dtype or by_torch.get(layer.weight.dtype)
+        if d is None:
+            raise ValueError(f"layer {name or '(model)'} holds {layer.weight.dtype} weights; give --dtype")
+        shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None)
+        shapes.setdefault(shape, []).append(name or "(model)")
+    return shapes
