@@ -146,7 +146,7 @@ def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callabl
             results.append(TuneResult(problem, layers, summary=summary))
             best = summary.best
             bar.write(f"{problem.key}: " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
-                                            else f"no ok kernel ({summary.stopped})"))
+                                            else f"no ok kernel ({summary.stopped})"), file=sys.stderr)
     finally:
         bar.close()
     return results

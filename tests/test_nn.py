@@ -1,0 +1,328 @@
+"""CPU tier of the linear-layer tooling: tune-linear and tune-model (search answered by a replayed
+H200 recording, or replaced where marked), export --bundle and its index, the bundle and store
+lookups, and codegen.nn's fallback to torch (no GPU here: every GEMM falls back, once logged)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from codegen import cli
+from codegen.bundle import Bundle, BundleError, StoreKernels, layer_shape
+from codegen.problem import DType, Layout, Problem, linear_problems
+from codegen.tune import LayerShape, generated, layer_problems
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+RECORDING = Path(__file__).resolve().parents[1] / "search/recordings/replay-simt-skinny-32x4096x4096-fp32.json"
+LAYER = ["--batch", "32", "--in", "4096", "--out", "4096"]
+
+
+def run(argv, capsys):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A store where tune-linear tuned 32x4096->4096 fp32 from the replayed H200 sweep (forward
+    only: the recording holds no other GEMM), and a bundle exported from it."""
+    folder = tmp_path_factory.mktemp("tuned")
+    url = f"sqlite:///{folder / 's.db'}"
+    assert cli.main(["tune-linear", *LAYER, "--budget", "8", "--replay", str(RECORDING), "--db", url, "--quiet"]) == 0
+    assert cli.main(["export", "--bundle", str(folder / "bundle"), "--db", url]) == 0
+    return url, folder / "bundle"
+
+
+# ---- shapes and problems ------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", list(Layout))
+def test_layer_shape_inverts_linear_problems(layout):
+    problem = linear_problems(24, 40, 56, DType.bf16, True)[layout]
+    assert layer_shape(problem) == {"batch": 24, "in": 40, "out": 56}
+
+
+def test_identical_layers_share_their_gemms():
+    a = LayerShape(32, 64, 128, DType.fp32, True)
+    b = LayerShape(32, 128, 64, DType.fp32, False)
+    problems = layer_problems({a: ["l0", "l2"], b: ["l1"]})
+    assert len(problems) == 6
+    assert problems[a.problems()[Layout.forward]] == ["l0", "l2"]
+    # 64->128's grad_input is 32x64x128, b's forward is 32x64x128 too but with another layout: distinct
+    assert problems[b.problems()[Layout.forward]] == ["l1"]
+
+
+class _RefusingSpec:
+    def __init__(self, problem):
+        self.problem = problem
+
+    def check(self, problem, limits=None):
+        return [] if problem.layout is Layout.forward else [f"the {problem.layout.value} layout is not generated yet"]
+
+
+class _Space:
+    family = "simt"
+    dims = {"a": (1, 2, 3)}
+
+    def spec(self, point, problem):
+        return _RefusingSpec(problem)
+
+
+def test_generated_gives_the_reason_a_family_refuses_a_problem():
+    space = _Space()
+    assert generated(linear_problems(32, 64, 64)[Layout.forward], space) is None
+    assert generated(linear_problems(32, 64, 64)[Layout.grad_input], space) == \
+        "the grad_input layout is not generated yet"
+
+
+def test_generated_on_the_real_simt_space_finds_a_forward_kernel():
+    from search.space import space_for
+
+    assert generated(Problem(32, 4096, 4096), space_for("simt", DType.fp32)) is None
+
+
+# ---- tune-linear, tune-model --------------------------------------------------------------------------
+def test_tune_linear_tunes_what_it_can_and_skips_the_rest(tuned, capsys):
+    url, _ = tuned
+    code, out, err = run(["tune-linear", *LAYER, "--budget", "8", "--replay", str(RECORDING), "--db", url, "--quiet"],
+                         capsys)
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {"forward", "grad_input", "grad_weight"}
+    assert "simt_fp32" in rows["forward"] and "TFLOP" not in rows["forward"]
+    assert "skipped" in rows["grad_input"] and "skipped" in rows["grad_weight"]
+    assert err.count("skip ") == 2 and "32x4096x4096_fp32_grad_input" in err
+
+
+def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsys, monkeypatch):
+    """Without --replay each GEMM gets a GPU measurer; here gpu_measurer is REPLACED by the replayed
+    recording (forward only), and ``generated`` is REPLACED to refuse the backward layouts, so the
+    test does not depend on what the families generate today."""
+    from codegen import tune as tune_mod
+    from search import parallel
+    from search.measure import ReplayMeasurer
+
+    asked = []
+
+    def fake_measurer(problem, gpus=None, **kw):
+        asked.append(problem)
+        return ReplayMeasurer(RECORDING, problem)
+
+    def fake_generated(problem, space, *a, **kw):
+        return None if problem.layout is Layout.forward else f"fake: no {problem.layout.value}"
+
+    monkeypatch.setattr(parallel, "gpu_measurer", fake_measurer)
+    monkeypatch.setattr(tune_mod, "generated", fake_generated)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    code, out, err = run(["tune-linear", *LAYER, "--budget", "5", "--db", url, "--quiet", "--no-baseline"], capsys)
+    assert code == 0
+    assert asked == [Problem(32, 4096, 4096)]
+    assert "skip 32x4096x4096_fp32_grad_input: the simt family generates no kernel for it (fake: no grad_input)" in err
+    assert "skip 4096x4096x32_fp32_grad_weight" in err
+    assert "skipped: fake: no grad_weight" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["tune-linear", "--in", "64", "--out", "64"], "--batch"),
+    (["tune-linear", *LAYER, "--budget", "0"], "must be at least 1"),
+    (["tune-linear", *LAYER, "--dtype", "fp64"], "invalid choice"),
+])
+def test_tune_linear_usage_errors(argv, needle, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and needle in capsys.readouterr().err
+
+
+MODEL = """
+import torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 256)
+        self.down = torch.nn.Linear(256, 64, bias=False)
+
+def make():
+    return torch.nn.Sequential(Block(), torch.nn.ReLU(), Block(), torch.nn.Linear(64, 10))
+"""
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """run_tuning REPLACED by a recorder: these tests check what tune-model asks to tune."""
+    seen = {}
+
+    def record(args, problems):
+        seen["problems"], seen["args"] = problems, args
+        return 0
+
+    monkeypatch.setattr(cli, "run_tuning", record)
+    return seen
+
+
+def test_tune_model_groups_identical_layers(tmp_path, capsys, captured):
+    (tmp_path / "model.py").write_text(MODEL)
+    code, _, err = run(["tune-model", f"{tmp_path / 'model.py'}:make", "--batch", "128", "--dtype", "bf16",
+                        "--budget", "3"], capsys)
+    assert code == 0
+    assert "5 linear layers, 3 distinct shapes at batch 128" in err
+    assert "128x64->256 bf16 +bias: 0.up, 2.up" in err
+    problems = captured["problems"]
+    assert len(problems) == 9 and captured["args"].budget == 3
+    assert problems[Problem(128, 256, 64, DType.bf16, Layout.forward, True)] == ["0.up", "2.up"]
+    assert problems[Problem(256, 64, 128, DType.bf16, Layout.grad_weight, True)] == ["0.up", "2.up"]
+    assert problems[Problem(128, 10, 64, DType.bf16, Layout.forward, True)] == ["3"]
+
+
+def test_tune_model_reads_a_saved_module(tmp_path, capsys, captured):
+    torch.save(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)), tmp_path / "m.pt")
+    code, _, err = run(["tune-model", str(tmp_path / "m.pt"), "--batch", "4"], capsys)
+    assert code == 0 and "2 linear layers, 1 distinct shape" in err
+    assert {p.dtype for p in captured["problems"]} == {DType.fp32} and len(captured["problems"]) == 3
+
+
+@pytest.mark.parametrize("target,needle,code", [
+    ("model.py", "name the factory", 2),
+    ("model.py:nothing", "has no nothing", 2),
+    ("missing.py:make", "no file", 2),
+    ("empty.py:make", "has no nn.Linear layer", 1),
+])
+def test_tune_model_errors_are_one_line(tmp_path, capsys, captured, target, needle, code):
+    (tmp_path / "model.py").write_text(MODEL)
+    (tmp_path / "empty.py").write_text("import torch\ndef make():\n    return torch.nn.ReLU()\n")
+    got, _, err = run(["tune-model", str(tmp_path / target), "--batch", "4"], capsys)
+    assert got == code and needle in err and len(err.strip().splitlines()) == 1
+    assert "problems" not in captured
+
+
+# ---- export --bundle and the lookups -----------------------------------------------------------------
+def test_the_bundle_index_lists_each_tuned_kernel(tuned):
+    _, bundle = tuned
+    index = json.loads((bundle / "index.json").read_text())
+    assert index["format"] == "gemmscape-bundle/1" and index["skipped"] == []
+    [entry] = index["kernels"]
+    assert entry["key"] == "32x4096x4096_fp32_forward" and entry["layout"] == "forward" and entry["bias"] is False
+    assert entry["layer"] == {"batch": 32, "in": 4096, "out": 4096} and entry["recorded"] is True
+    manifest = json.loads((bundle / entry["manifest"]).read_text())
+    assert manifest["name"] == entry["kernel"] and manifest["problem"]["m"] == 32
+    assert (bundle / entry["source"]).read_text().count("extern \"C\"") >= 1
+
+
+def test_a_bundle_finds_by_problem_and_device(tuned):
+    _, bundle = tuned
+    b = Bundle(bundle)
+    [device] = b.devices()
+    found = b.find(Problem(32, 4096, 4096), device)
+    assert not isinstance(found, str) and found.manifest["problem"]["k"] == 4096 and "__global__" in found.source
+    assert "not on NVIDIA H200" in b.find(Problem(32, 4096, 4096), "NVIDIA H200")
+    assert "no kernel for 32x4096x4096_bf16_forward" in b.find(Problem(32, 4096, 4096, DType.bf16), device)
+    assert "no kernel" in b.find(linear_problems(32, 4096, 4096)[Layout.grad_input], device)
+
+
+def test_the_store_finds_what_the_bundle_holds(tuned):
+    from store import Store
+
+    url, bundle = tuned
+    b = Bundle(bundle)
+    [device] = b.devices()
+    kernels = StoreKernels(Store(url, read_only=True))
+    found = kernels.find(Problem(32, 4096, 4096), device)
+    assert not isinstance(found, str)
+    assert found.manifest["name"] == b.find(Problem(32, 4096, 4096), device).manifest["name"]
+    assert "not on other" in kernels.find(Problem(32, 4096, 4096), "other")
+    assert "no ok kernel" in kernels.find(Problem(32, 4096, 4095), device)
+
+
+def test_a_folder_that_is_no_bundle_is_refused(tmp_path):
+    with pytest.raises(BundleError, match="index.json is missing"):
+        Bundle(tmp_path)
+    (tmp_path / "index.json").write_text("{}")
+    with pytest.raises(BundleError, match="not a gemmscape bundle"):
+        Bundle(tmp_path)
+
+
+def test_export_bundle_usage(tuned, tmp_path, capsys):
+    url, _ = tuned
+    code, _, err = run(["export", "--bundle", str(tmp_path / "b"), "--best", "--db", url], capsys)
+    assert code == 2 and "drop --best" in err
+    code, _, err = run(["export", "--db", url], capsys)
+    assert code == 2 and "give --out DIR (one kernel) or --bundle DIR" in err
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    from store import Store
+
+    Store(empty).close()
+    code, _, err = run(["export", "--bundle", str(tmp_path / "b"), "--db", empty], capsys)
+    assert code == 1 and "nothing tuned yet" in err
+
+
+# ---- codegen.nn on the CPU: every GEMM falls back to torch ---------------------------------------------
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(13, 31), torch.nn.GELU(), torch.nn.Linear(31, 7, bias=False))
+
+
+def test_on_the_cpu_the_layer_equals_nn_linear_with_one_reason_per_gemm(tuned, caplog):
+    from codegen.nn import Linear, replace_linear
+
+    _, bundle = tuned
+    ref, ours = _mlp(), _mlp()
+    replace_linear(ours, bundle)
+    assert isinstance(ours[0], Linear) and isinstance(ours[2], Linear)
+    assert ours[0].weight is not None and ours[0].kernels is ours[2].kernels
+    x = torch.randn(5, 13)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with caplog.at_level(logging.WARNING, logger="gemmscape.nn"):
+        for _ in range(3):
+            yr, yo = ref(xr), ours(xo)
+            assert torch.equal(yr, yo)
+            yr.square().sum().backward()
+            yo.square().sum().backward()
+    assert torch.equal(xr.grad, xo.grad)
+    for a, b in zip(ref.parameters(), ours.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    reasons = [r.getMessage() for r in caplog.records if r.name == "gemmscape.nn"]
+    assert len(reasons) == 6, reasons  # two layers x three GEMMs, each said once over three steps
+    assert all("on cpu" in r and "gemmscape kernels run on CUDA GPUs" in r for r in reasons)
+    assert sum("5x31x13_fp32_forward_bias" in r for r in reasons) == 1
+    assert sum("31x13x5_fp32_grad_weight_bias" in r for r in reasons) == 1
+
+
+def test_no_grad_autocast_and_leading_dims_on_the_cpu():
+    from codegen.nn import Linear
+
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(12, 20)
+    ours = Linear.from_linear(layer, None)
+    x = torch.randn(2, 3, 12)
+    with torch.no_grad():
+        assert torch.equal(ours(x), layer(x)) and ours(x).shape == (2, 3, 20)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = ours(x), layer(x)
+    assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_a_fresh_linear_is_an_nn_linear(tuned):
+    from codegen.nn import Linear
+
+    layer = Linear(6, 4, kernels=tuned[1])
+    assert isinstance(layer, torch.nn.Linear) and set(layer.state_dict()) == {"weight", "bias"}
+    assert "kernels=" in repr(layer) and str(tuned[1]) in repr(layer)
+
+
+def test_kernels_from_takes_bundles_stores_and_urls(tuned, tmp_path):
+    from codegen.nn import Kernels, kernels_from
+
+    url, bundle = tuned
+    assert isinstance(kernels_from(bundle).source, Bundle)
+    assert isinstance(kernels_from(str(bundle / "index.json")).source, Bundle)
+    assert isinstance(kernels_from(url).source, StoreKernels)
+    k = Kernels(None)
+    assert kernels_from(k) is k
+    with pytest.raises(TypeError, match="not int"):
+        kernels_from(3)
+    with pytest.raises(BundleError):
+        kernels_from(tmp_path)
