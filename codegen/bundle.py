@@ -17,7 +17,8 @@ from pathlib import Path
 
 from codegen.problem import Layout, Problem
 
-__all__ = ["BUNDLE_FORMAT", "Bundle", "BundleError", "KernelFile", "StoreKernels", "layer_shape", "write_bundle"]
+__all__ = ["BUNDLE_FORMAT", "Bundle", "BundleError", "KernelFile", "SeedKernels", "StoreKernels", "layer_shape",
+           "write_bundle"]
 
 BUNDLE_FORMAT = "gemmscape-bundle/1"
 INDEX = "index.json"
@@ -153,3 +154,57 @@ class StoreKernels:
         except ExportError as e:
             return str(e)
         return KernelFile(json.loads(js), cu, f"store {self.location}")
+
+
+class SeedKernels:
+    """Kernels without any tuning: for each problem, one of the families' built-in seeds (their
+    SEEDS, the best points of earlier H200 searches) that is valid for it, the one whose row tile
+    ``bm`` is nearest the problem's M (capped at 128); families tried in the order given per dtype.
+    For benchmarks and tests that have no store or bundle; not a substitute for tuning."""
+
+    DEFAULT = {"fp32": ("simt",), "tf32": ("tensorcore",), "fp16": ("tensorcore",), "bf16": ("tensorcore",)}
+
+    def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:
+        self.families = {**self.DEFAULT, **(families or {})}
+        self.arch = arch
+        self.location = "the families' built-in seeds"
+
+    def spec_for(self, problem: Problem):
+        """The seed's spec for ``problem``, or the reason there is none."""
+        import math
+
+        from codegen.spec import DeviceLimits
+        from search.space import seeds, space_for
+
+        limits = DeviceLimits.for_arch(self.arch)
+        why = []
+        for family in self.families.get(problem.dtype.value, ()):
+            space = space_for(family, problem.dtype)
+            valid = []
+            for i, point in enumerate(seeds(family, problem.block)):
+                try:
+                    spec = space.spec(point, problem)
+                except (KeyError, ValueError, TypeError) as e:
+                    why.append(f"{family} seed {i}: {e}")
+                    continue
+                reasons = spec.check(problem, limits)
+                if reasons:
+                    why.append(f"{family} seed {i}: {reasons[0]}")
+                    continue
+                valid.append((abs(math.log2(getattr(spec, "bm", 128)) - math.log2(min(max(problem.m, 16), 128))), i, spec))
+            if valid:
+                return min(valid, key=lambda v: v[:2])[2]
+        return f"no built-in seed is valid for {problem.key}" + (f" ({why[0]}; ...)" if why else "")
+
+    def find(self, problem: Problem, device: str) -> KernelFile | str:
+        from codegen.export import manifest
+        from codegen.families import compile_target
+        from codegen.render import render, source_hash
+
+        spec = self.spec_for(problem)
+        if isinstance(spec, str):
+            return spec
+        source = render(spec)
+        doc = manifest(spec, problem, compile_target(spec, self.arch), None, source_hash=source_hash(source),
+                       rerendered=True)
+        return KernelFile(doc, source, f"built-in seed of the {spec.family} family")

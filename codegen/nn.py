@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codegen.bundle import Bundle, KernelFile, StoreKernels
+from codegen.bundle import Bundle, KernelFile, SeedKernels, StoreKernels
 from codegen.problem import DType, Layout, Problem, linear_problems
 
 __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
@@ -187,6 +187,14 @@ class Kernels:
         except Exception as e:  # a kernel that does not build or load here: say so, run torch's op
             return f"{found.manifest.get('name')} from {found.origin} cannot be built or loaded here: {type(e).__name__}: {e}"
 
+    def used(self, problem: Problem, device: torch.device | str) -> str | None:
+        """What ran ``problem`` on ``device`` so far: the kernel's name, "torch: <reason>", or None
+        (not asked yet)."""
+        got = self._compiled.get((problem, str(device)))
+        if got is None:
+            return None
+        return f"torch: {got}" if isinstance(got, str) else got.manifest["name"]
+
     def _fallback(self, problem: Problem, device: str, reason: str) -> None:
         key = (problem.key, device)
         if key not in self._said:
@@ -197,12 +205,13 @@ class Kernels:
 
 def kernels_from(source) -> Kernels:
     """A ``Kernels`` from a bundle folder (or its index.json), a ``Bundle``, a store, a store URL
-    (``sqlite:///...``), or a ``Kernels`` (returned as is)."""
+    (``sqlite:///...``), a ``SeedKernels`` (untuned built-in seeds), anything with that ``find``,
+    or a ``Kernels`` (returned as is)."""
     if isinstance(source, Kernels):
         return source
     if source is None:
         return Kernels(None)
-    if isinstance(source, Bundle | StoreKernels):
+    if isinstance(source, Bundle | StoreKernels | SeedKernels):
         return Kernels(source)
     if isinstance(source, str) and "://" in source:
         from store import Store
@@ -212,6 +221,8 @@ def kernels_from(source) -> Kernels:
         return Kernels(Bundle(source))
     if hasattr(source, "best") and hasattr(source, "kernel_record"):
         return Kernels(StoreKernels(source))
+    if callable(getattr(source, "find", None)):
+        return Kernels(source)
     raise TypeError(f"kernels come from a bundle folder, a Bundle, a store or a store URL, not {type(source).__name__}")
 
 

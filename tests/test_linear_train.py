@@ -1,0 +1,47 @@
+"""benchmarks/linear_train.py without a GPU: its cases, statistics, records (DESIGN.md format) and
+table, from made-up timings (labelled as such); the GPU part is run on the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import linear_train as lt
+
+
+def test_the_cases_cover_the_issue_s_grid():
+    cs = lt.cases(lt.BATCHES, lt.DTYPES, lt.MODES)
+    assert len(cs) == 8 and {(c.batch, c.dtype, c.mode) for c in cs} >= {(32, "bf16", "train"), (4096, "fp32", "forward")}
+    assert all(c.bias and c.features == 4096 for c in cs)
+    train = lt.Case(32, "bf16", "train")
+    assert train.flops == 3 * lt.Case(32, "bf16", "forward").flops == 3 * 2.0 * 32 * 4096 * 4096
+    assert train.problem() == {"m": 32, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "train", "bias": True,
+                               "density": 1.0, "block": None}
+
+
+def test_stats_give_the_median_and_the_range():
+    s = lt.stats([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median_ms"], s["min_ms"], s["max_ms"], s["reps"]) == (3.0, 1.0, 5.0, 5)
+    assert s["p20_ms"] == 2.0 and s["p80_ms"] == 4.0
+
+
+def test_a_record_says_which_gemm_ran_what():
+    """Made-up timings: ours 0.1 ms, nn.Linear 0.25 ms."""
+    case = lt.Case(32, "bf16", "train")
+    gemms = {"forward": "tc_bf16_bias_x", "grad_input": "torch: no kernel", "grad_weight": "torch: no kernel"}
+    r = lt.record(case, [0.1] * 10, [0.25] * 10, gemms, {"y": 1e-3}, "hand-picked")
+    assert r["ratio"]["torch_linear"] == pytest.approx(2.5)
+    assert r["baselines"]["torch_linear"]["median_ms"] == 0.25 and r["ours"]["median_ms"] == 0.1
+    assert r["ours"]["kernel"] == "tc_bf16_bias_x" and r["ours"]["gemms"] == gemms
+    assert r["ours"]["tflops"] == pytest.approx(case.flops / 1e-4 / 1e12)
+    assert r["ours"]["search"] == {"sampler": None, "selection": "hand-picked"}
+    line = lt.table([r]).splitlines()[1]
+    assert "250.0" in line and "100.0" in line and "2.50" in line
+    assert "forward: gemmscape, grad_input: torch, grad_weight: torch" in line
+
+
+def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the benchmark would run")
+    assert lt.main(["--out", str(tmp_path)]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())
