@@ -326,3 +326,66 @@ def test_kernels_from_takes_bundles_stores_and_urls(tuned, tmp_path):
         kernels_from(3)
     with pytest.raises(BundleError):
         kernels_from(tmp_path)
+
+
+# ---- the launch a manifest asks for, with the driver REPLACED by a recorder (no GPU here) ---------------
+def _recorded_launches(monkeypatch, problem, families, tensors):
+    """Run codegen.nn's launcher for ``problem``'s built-in seed with cuda.launch, the tensor-map
+    encoder, the context and the stream replaced by recorders (CPU tensors give the pointers)."""
+    import ctypes
+
+    from codegen import cuda, nn
+    from codegen.bundle import SeedKernels
+
+    file = SeedKernels(families).find(problem, "any")
+    assert not isinstance(file, str), file
+    launches, maps = [], []
+    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args: launches.append(
+        {"func": func, "grid": list(grid), "block": list(block), "smem": smem, "args": args}))
+    monkeypatch.setattr(cuda, "encode_tensor_map", lambda enc, address: maps.append((enc, address)) or
+                        (ctypes.c_ubyte * 128)())
+    monkeypatch.setattr(nn, "_make_current", lambda ctx: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    k = nn._Compiled.__new__(nn._Compiled)
+    k.cuda, k.manifest, k.problem, k.device, k.ctx, k.sms = cuda, file.manifest, problem, torch.device("cpu"), None, 132
+    k.functions = [f"fn{i}" for i in range(len(file.manifest["kernels"]))]
+    k.workspace, k.zero_first, k.maps = file.manifest["workspace_bytes"], file.manifest["zero_output_first"], {}
+    k(tensors)
+    return file.manifest, launches, maps
+
+
+def test_the_forward_launch_passes_each_operand_where_the_manifest_names_it(monkeypatch):
+    problem = linear_problems(67, 91, 45, DType.fp32, True)[Layout.forward]
+    t = {"y": torch.full((67, 45), float("nan")), "x": torch.randn(67, 91), "weight": torch.randn(45, 91),
+         "bias": torch.randn(45)}
+    manifest, launches, maps = _recorded_launches(monkeypatch, problem, None, t)
+    assert len(launches) == len(manifest["kernels"]) and not maps
+    step, launch = manifest["kernels"][0], launches[0]
+    assert launch["grid"] == step["grid_for_problem"] and launch["block"] == step["block"]
+    assert launch["smem"] == step["dynamic_smem_bytes"]
+    by_name = {a["name"]: v for a, v in zip(step["args"], launch["args"], strict=True)}
+    assert by_name["Y"].value == t["y"].data_ptr() and by_name["X"].value == t["x"].data_ptr()
+    assert by_name["W"].value == t["weight"].data_ptr() and by_name["B"].value == t["bias"].data_ptr()
+    assert (by_name["M"].value, by_name["N"].value, by_name["K"].value) == (67, 45, 91)
+    if manifest["zero_output_first"]:
+        assert torch.count_nonzero(t["y"]) == 0
+
+
+def test_tensor_maps_are_encoded_over_their_operands_and_a_persistent_grid_is_capped(monkeypatch):
+    """The hopper seed for 67x45x91: a pack prepass into the workspace, then a persistent kernel
+    reading tensor maps (over the workspace)."""
+    problem = linear_problems(67, 91, 45, DType.bf16, True)[Layout.forward]
+    t = {"y": torch.empty((67, 45), dtype=torch.bfloat16), "x": torch.randn(67, 91).bfloat16(),
+         "weight": torch.randn(45, 91).bfloat16(), "bias": torch.randn(45).bfloat16()}
+    manifest, launches, maps = _recorded_launches(monkeypatch, problem, {"bf16": ("hopper",)}, t)
+    kinds = [a for step in manifest["kernels"] for a in step["args"] if "tensor_map" in a]
+    assert kinds and len(maps) == len(kinds)
+    assert manifest["workspace_bytes"] > 0
+    addresses = {enc["operand"]: address for enc, address in maps}
+    pointers = {a["name"]: v.value for step, launch in zip(manifest["kernels"], launches, strict=True)
+                for a, v in zip(step["args"], launch["args"], strict=True) if a["name"] == "WS"}
+    assert addresses.get("WS") == pointers.get("WS") is not None  # the maps view the workspace the pack wrote
+    for step, launch in zip(manifest["kernels"], launches, strict=True):
+        want = min(step["grid_for_problem"][0], 132) if step.get("persistent") else step["grid_for_problem"][0]
+        assert launch["grid"][0] == want
+    assert any(step.get("persistent") for step in manifest["kernels"])
