@@ -1,9 +1,9 @@
 """The whole linear layer on the GPU: nn.Linear against gemmscape's Linear (codegen.nn), in one run.
 
-    python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--out DIR] [--reps N]
+    python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--out DIR] [--reps N] [--no-bias]
                                        [--batches 32 4096] [--dtypes bf16 fp32] [--modes forward train]
 
-For each batch (in = out = 4096, with bias, as nn.Linear has by default), dtype and mode: the
+For each batch (in = out = 4096, with bias as nn.Linear has by default, or --no-bias), dtype and mode: the
 layer's ``forward`` alone (under no_grad), or ``train``, forward then backward with a given dY
 (``torch.autograd.grad`` for dX, dW, db). Both layers share one weight and bias, and are timed in
 alternating rounds, each call alone between CUDA events after an L2 flush. Kernels come from the
@@ -49,8 +49,8 @@ class Case:
                 "bias": self.bias, "density": 1.0, "block": None}
 
 
-def cases(batches, dtypes, modes) -> list[Case]:
-    return [Case(b, d, m) for b in batches for d in dtypes for m in modes]
+def cases(batches, dtypes, modes, bias: bool = True) -> list[Case]:
+    return [Case(b, d, m, bias=bias) for b in batches for d in dtypes for m in modes]
 
 
 def stats(times: list[float]) -> dict:
@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True,
+                   help="layers with a bias, as nn.Linear's default (--no-bias: without)")
     args = p.parse_args(argv)
 
     import torch
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     info = device_info()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     records = []
-    for case in cases(args.batches, args.dtypes, args.modes):
+    for case in cases(args.batches, args.dtypes, args.modes, args.bias):
         ours, base, gemms, rel = measure(case, kernels, args.reps)
         records.append(record(case, ours, base, gemms, rel, selection))
         print(table(records[-1:]).splitlines()[1], flush=True)

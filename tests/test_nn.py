@@ -389,3 +389,23 @@ def test_tensor_maps_are_encoded_over_their_operands_and_a_persistent_grid_is_ca
         want = min(step["grid_for_problem"][0], 132) if step.get("persistent") else step["grid_for_problem"][0]
         assert launch["grid"][0] == want
     assert any(step.get("persistent") for step in manifest["kernels"])
+
+
+def test_a_bundle_from_a_committed_h200_store(tmp_path, capsys):
+    """benchmarks/results/tensorcore-...043328Z.db.gz holds real H200 searches (2026-12-01): its
+    bundle lists each problem's fastest kernel with its stored source, found by problem and device."""
+    import gzip
+    import shutil
+
+    gz = Path(__file__).resolve().parents[1] / "benchmarks/results/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
+    with gzip.open(gz) as src, open(tmp_path / "s.db", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    code, out, _ = run(["export", "--bundle", str(tmp_path / "b"), "--db", f"sqlite:///{tmp_path / 's.db'}"], capsys)
+    assert code == 0 and "wrote 13 kernels (13 problems, 1 device)" in out
+    b = Bundle(tmp_path / "b")
+    assert b.devices() == ["NVIDIA H200"]
+    found = b.find(Problem(4096, 4096, 4096, DType.bf16), "NVIDIA H200")
+    assert found.manifest["name"].startswith("tc_bf16_nobias") and found.manifest["source_rerendered"] is False
+    assert found.manifest["measured"]["device"]["name"] == "NVIDIA H200"
+    assert "no kernel for 4096x4096x4096_bf16_forward_bias" in b.find(Problem(4096, 4096, 4096, DType.bf16, bias=True),
+                                                                       "NVIDIA H200")

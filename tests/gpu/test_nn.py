@@ -204,3 +204,35 @@ def test_a_small_mlp_trains_like_nn_linear():
     assert abs(ref[-1] - ours[-1]) / ref[-1] < 0.01
     for fin, fout in ((40, 128), (128, 128), (128, 24)):
         assert _ran(kernels, linear_problems(96, fin, fout, DType.fp32, True)[Layout.forward], x.device) != "torch"
+
+
+@pytest.mark.parametrize("batch,fin,fout,dtype", [(32, 4096, 4096, "bf16"), (4097, 4093, 4095, "bf16"),
+                                                  (32, 4096, 4096, "fp16")])
+def test_kernels_searched_on_the_h200_run_from_their_bundle(tmp_path, batch, fin, fout, dtype):
+    """The fastest kernels of the committed H200 tensor-core searches (benchmarks/results/
+    tensorcore-...043328Z.db.gz), exported as a bundle: their stored source runs in the layer."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    from codegen import cli
+    from codegen.nn import Linear
+
+    if torch.cuda.get_device_name() != "NVIDIA H200":
+        pytest.skip(f"the bundle's kernels were tuned on an NVIDIA H200, not a {torch.cuda.get_device_name()}")
+    gz = Path(__file__).resolve().parents[2] / "benchmarks/results/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
+    with gzip.open(gz) as src, open(tmp_path / "s.db", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert cli.main(["export", "--bundle", str(tmp_path / "b"), "--db", f"sqlite:///{tmp_path / 's.db'}"]) == 0
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch.manual_seed(9)
+    layer = torch.nn.Linear(fin, fout, bias=False, device="cuda", dtype=tdtype)
+    ours = Linear.from_linear(layer, tmp_path / "b")
+    x = torch.randn(batch, fin, device="cuda", dtype=tdtype)
+    _poison_allocator((batch, fout), dtype=tdtype)
+    with torch.no_grad():
+        y = ours(x)
+    want = x.double() @ layer.weight.double().t()
+    assert _rel(y, want) < DType(dtype).rel_tol
+    problem = linear_problems(batch, fin, fout, DType(dtype), False)[Layout.forward]
+    assert _ran(ours.kernels, problem, x.device).startswith(f"tc_{dtype}_nobias")
