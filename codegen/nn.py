@@ -156,6 +156,15 @@ class Kernels:
         self._lock = threading.Lock()
         self.fallbacks: dict[tuple[str, str], str] = {}  # (problem key, device) -> reason, for inspection
 
+    def __deepcopy__(self, memo) -> Kernels:  # a copied model shares the loaded kernels
+        return self
+
+    def __getstate__(self) -> dict:  # pickled (torch.save of a model): the source only, kernels load anew
+        return {"source": self.source}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["source"])
+
     def kernel(self, problem: Problem, device: torch.device) -> _Compiled | None:
         """The compiled kernel for ``problem`` on ``device``, or None (a fallback, reported once)."""
         where = str(device)

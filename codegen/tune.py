@@ -154,8 +154,9 @@ def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callabl
 
 # ---- models (torch) ---------------------------------------------------------------------------------
 def load_model(target: str):
-    """The model ``target`` names: ``file.py:factory`` (called with no arguments) or a module saved
-    whole with ``torch.save`` (.pt/.pth). Raises ValueError saying what is wrong."""
+    """The model ``target`` names: ``file.py:factory`` (called with no arguments, on torch's meta
+    device where it can be, so no weights are allocated) or a module saved whole with ``torch.save``
+    (.pt/.pth). Raises ValueError saying what is wrong."""
     import torch
 
     if ":" in target and not Path(target).exists():
@@ -177,7 +178,14 @@ def load_model(target: str):
         factory = getattr(module, attr, None)
         if factory is None:
             raise ValueError(f"{path} has no {attr}")
-        model = factory() if callable(factory) else factory
+        if not callable(factory):
+            model = factory
+        else:
+            try:  # shapes only: build on the meta device, no memory for the weights
+                with torch.device("meta"):
+                    model = factory()
+            except Exception:  # a factory that needs real tensors (loads weights, say): build it as is
+                model = factory()
     else:
         try:
             model = torch.load(path, map_location="cpu", weights_only=False)

@@ -409,3 +409,27 @@ def test_a_bundle_from_a_committed_h200_store(tmp_path, capsys):
     assert found.manifest["measured"]["device"]["name"] == "NVIDIA H200"
     assert "no kernel for 4096x4096x4096_bf16_forward_bias" in b.find(Problem(4096, 4096, 4096, DType.bf16, bias=True),
                                                                        "NVIDIA H200")
+
+
+def test_a_model_factory_is_built_on_the_meta_device(tmp_path):
+    from codegen.tune import linear_layers, load_model
+
+    (tmp_path / "big.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(50000, 50000)\n")
+    model = load_model(f"{tmp_path / 'big.py'}:make")  # 10 GB of fp32 weights if it were allocated
+    assert model.weight.device.type == "meta"
+    assert list(linear_layers(model, 8)) == [LayerShape(8, 50000, 50000, DType.fp32, True)]
+
+
+def test_a_replaced_model_can_be_copied_and_saved(tuned, tmp_path):
+    import copy
+
+    from codegen.nn import Linear, replace_linear
+
+    model = replace_linear(_mlp(), tuned[1])
+    twin = copy.deepcopy(model)
+    assert twin[0].kernels is model[0].kernels and twin[0].weight is not model[0].weight
+    torch.save(model, tmp_path / "m.pt")
+    back = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert isinstance(back[0], Linear) and isinstance(back[0].kernels.source, Bundle)
+    x = torch.randn(3, 13)
+    assert torch.equal(back(x), model(x))
