@@ -69,7 +69,7 @@ class _Compiled:
 
     def __call__(self, tensors: dict[str, torch.Tensor | None]) -> None:
         """Launch the manifest's kernels on ``tensors`` (by role), on torch's current stream."""
-        cuda, driver = self.cuda, self.cuda.driver
+        driver = self.cuda.driver
         p = self.problem
         out = tensors[OPERANDS[p.layout]["Y"]]
         if self.zero_first:
@@ -77,7 +77,15 @@ class _Compiled:
         ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device) if self.workspace else None
         stream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         dims = {"M": p.m, "N": p.n, "K": p.k}
-        _make_current(self.ctx)
+        previous = _make_current(self.ctx)
+        try:
+            self._launch(tensors, ws, stream, dims)
+        finally:
+            if previous is not None:  # the thread had another device's context current: give it back
+                _make_current(previous)
+
+    def _launch(self, tensors: dict, ws: torch.Tensor | None, stream, dims: dict) -> None:
+        cuda, p = self.cuda, self.problem
         for step, func in zip(self.manifest["kernels"], self.functions, strict=True):
             args = []
             for arg in step["args"]:
@@ -136,13 +144,16 @@ def _context(ordinal: int):
     return ctx
 
 
-def _make_current(ctx) -> None:
-    """Autograd runs backward on its own thread: make the device's primary context current there."""
+def _make_current(ctx):
+    """Make ``ctx`` current on this thread (autograd runs backward on a thread of its own); returns
+    the context it replaced (None: it was current already, or none was)."""
     from codegen.cuda import check, driver
 
     current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if int(current) != int(ctx):
-        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    if int(current) == int(ctx):
+        return None
+    check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return current if int(current) else None
 
 
 class Kernels:
