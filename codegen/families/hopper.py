@@ -20,7 +20,10 @@ or 32 bytes for blocks of 64, 32 or 16, swizzled by the same span, and the wgmma
 so), and the producer walks only the row's kept blocks: X's k-columns of each kept block through
 X's tensor map, the block itself through a second tensor map over the contiguous block array
 (rows of ``block`` elements, one block every ``block`` rows). An empty block row writes zeros
-(+ bias). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
+(+ bias). A persistent grid over a block-sparse W does not stride over the tiles: each block takes a
+contiguous range of (block row, m-tile) tiles of equal work (kept blocks + 1 per tile), found from
+the row pointers alone, so rows of many kept blocks do not pile up on a few multiprocessors
+(``group_m`` orders the plain grid only). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
 one's fill and epilogue overlapping the other's wgmma (for tiles with few k-tiles, as sparse rows
 have); it takes a plain (non-persistent) grid.
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
@@ -274,6 +277,7 @@ def template_values(spec: Spec) -> dict:
         name=spec.name,
         dtype=spec.dtype.value,
         bk=spec.bk,
+        balanced=bool(spec.block and spec.persistent),
         threads=spec.threads,
         wg_m=spec.wg_m,
         frag_m=spec.frag_m,

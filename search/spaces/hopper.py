@@ -26,7 +26,7 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
     }
     if block:
         del dims["bn"]
-        dims["stages"] = (3, 4, 6, 8, 10, 12)
+        dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
     return Space(NAME, dims)
 
@@ -64,11 +64,11 @@ def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8) -> dict:
 #: next tile, or two blocks per multiprocessor; bm 256 halves W's reloads.
 SPARSE_SEEDS = [
     _sparse_point(128, 8, 2, True),
-    _sparse_point(256, 6, 2, True),
+    _sparse_point(256, 5, 2, True),
     _sparse_point(128, 4, 1, False, ctas=2),
     _sparse_point(128, 4, 2, False, ctas=2),
-    _sparse_point(256, 8, 2, False),
-    _sparse_point(128, 12, 2, True, group_m=16),
+    _sparse_point(256, 4, 2, False),
+    _sparse_point(128, 6, 1, True),
 ]
 
 
