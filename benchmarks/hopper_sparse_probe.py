@@ -37,9 +37,12 @@ POINTS = [
     ("256 c2 s4", dict(bm=256, stages=4, consumers=2, persistent=False, group_m=8, ctas=1)),
     ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, persistent=False, group_m=8, ctas=2)),
     ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, persistent=False, group_m=8, ctas=2)),
+    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, persistent=False, group_m=8, ctas=1)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]
+#: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency).
+POINTS_SMALL_M = [0, 3, 5]
 DENSITIES = (0.05, 0.1, 0.25, 0.5)
 #: Blocks in the order they are probed; the budget may leave out the last.
 BLOCKS = (64, 32, 16)
@@ -60,7 +63,8 @@ def jobs(blocks=BLOCKS) -> list[dict]:
     out = []
     for m, n, k, block, density in problems(blocks):
         for i, (label, point) in enumerate(POINTS):
-            if block == 16 and i not in POINTS_16:
+            if (block == 16 and i not in POINTS_16) or (m < 128 and i not in POINTS_SMALL_M) or (
+                    m >= 128 and i == 5):
                 continue
             out.append({"id": len(out), "label": label, "point": point, "m": m, "n": n, "k": k, "block": block,
                         "density": density})
