@@ -341,9 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         run = run_child(left, args, remaining)
         runs.append(run)
         done = results(runs, todo)
-        left = [j for j in left if j["id"] not in done]
+        before, left = len(left), [j for j in left if j["id"] not in done]
         print(f"child: {run['ending']} in {run['seconds']} s, {len(done)}/{len(todo)} jobs reported", flush=True)
-        if run["ending"] == "timeout":
+        if run["ending"] == "timeout" or len(left) == before:  # out of time, or a child that cannot start
             break
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
