@@ -47,13 +47,18 @@ def blank_result(status: str, evidence: str) -> dict:
 def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     """The odd-shape problem every evaluation of ``problem``'s kernels also runs (for a block-sparse
     W, on a small pattern with an empty block row: codegen.sparse.probe_pattern); with K =
-    PROBE_ALIGNED_K where ``spec`` refuses PROBE's K and takes that one."""
+    PROBE_ALIGNED_K where ``spec`` refuses PROBE's K and takes that one (a kernel that reads 16-byte
+    rows of X through TMA, dense or block-sparse W)."""
     m, n, k = PROBE
-    if problem.sparse:
-        return sparse.problem_for(m, sparse.probe_pattern(n, k, problem.block), problem.dtype, problem.bias)
-    probe = Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+
+    def at(k: int) -> Problem:
+        if problem.sparse:
+            return sparse.problem_for(m, sparse.probe_pattern(n, k, problem.block), problem.dtype, problem.bias)
+        return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+
+    probe = at(k)
     if spec is not None and spec.check(probe):
-        aligned = Problem(m, n, PROBE_ALIGNED_K, problem.dtype, problem.layout, problem.bias)
+        aligned = at(PROBE_ALIGNED_K)
         if not spec.check(aligned):
             return aligned
     return probe

@@ -144,7 +144,7 @@ def test_restricted_space_and_seeds_are_valid_where_they_should_be():
     valid = [s for s in (restricted.spec(p, BIG) for p in restricted.points()) if not s.check(BIG)]
     assert 8 <= len(valid) <= restricted.size
     found = seeds("hopper")
-    assert len(found) >= 4 and seeds("hopper", block=32) == []
+    assert len(found) >= 4 and seeds("hopper", block=32) != found  # sparse seeds: tests/test_hopper_sparse.py
     space = space_for("hopper", DType.fp16)
     for point in found:
         assert space.indices(point) is not None, point

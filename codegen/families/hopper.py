@@ -14,6 +14,18 @@ the same pipeline. TMA needs 16-byte row pitches: when K is not a multiple of 8,
 ``prepass="pack"`` first copies X and W into the workspace with rows padded to 16 bytes.
 ``persistent`` launches one block per multiprocessor, each looping over output tiles in the
 grouped order (``group_m``), so the loads of the next tile overlap the epilogue of the last.
+``block`` > 0 makes W block-sparse (BSR, ``block x block`` blocks, codegen.sparse): a block tile
+spans one block row (``bn == block``), the k-tile is one block (``bk == block``: rows of 128, 64
+or 32 bytes for blocks of 64, 32 or 16, swizzled by the same span, and the wgmma descriptors say
+so), and the producer walks only the row's kept blocks: X's k-columns of each kept block through
+X's tensor map, the block itself through a second tensor map over the contiguous block array
+(rows of ``block`` elements, one block every ``block`` rows). An empty block row writes zeros
+(+ bias). A persistent grid over a block-sparse W does not stride over the tiles: each block takes a
+contiguous range of (block row, m-tile) tiles of equal work (kept blocks + 1 per tile), found from
+the row pointers alone, so rows of many kept blocks do not pile up on a few multiprocessors
+(``group_m`` orders the plain grid only). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
+one's fill and epilogue overlapping the other's wgmma (for tiles with few k-tiles, as sparse rows
+have); it takes a plain (non-persistent) grid.
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
@@ -24,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from codegen.launch import (
+    BSR_ARGS,
     PACK_THREADS,
     KernelLaunch,
     LaunchPlan,
@@ -33,23 +46,48 @@ from codegen.launch import (
     packed_k,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import DeviceLimits, SpecData
+from codegen.spec import DeviceLimits, SpecData, sparse_rules
 
 NAME = "hopper"
 DTYPES = (DType.bf16, DType.fp16)
 PREPASSES = ("none", "pack")
-SWIZZLE = 128  # bytes: one k-tile row is one 128-byte swizzle span
+SWIZZLE = 128  # bytes: a dense k-tile row is one 128-byte swizzle span
+#: The wgmma shared-memory descriptor's layout type (bits 62-63) of each swizzle span in bytes.
+SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
+#: A stage's tiles start on this boundary: the longest swizzle period (8 rows of 128 bytes).
+STAGE_ALIGN = 1024
 WG = 128  # threads in a warpgroup
 WGMMA_M, WGMMA_K = 64, 16
 CONSUMERS = (1, 2)
+CTAS = (1, 2)
+MAX_STAGES = {False: 8, True: 16}  # dense; block-sparse (smaller stages, deeper rings)
 #: Registers per thread after setmaxnreg: the producer gives up what the consumers take. With two
 #: consumer warpgroups the block starts at 168 (65536 / 384, in steps of 8) and 40 + 2 x 232 fits;
 #: with one it starts at the 255 cap.
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}
+
+
+def launch_regs(consumers: int, ctas: int) -> int:
+    """Registers per thread a block starts with under ``__launch_bounds__(threads, ctas)``: the
+    register file shared by ``ctas`` blocks, in steps of 8, at most 248 (the 255 cap's step)."""
+    return min(248, 65536 // (ctas * WG * (consumers + 1)) // 8 * 8)
+
+
+def consumer_regs(consumers: int, ctas: int) -> int:
+    """A consumer thread's registers after setmaxnreg: one block per SM keeps the measured table;
+    two take what the producer gives up, no more (setmaxnreg.inc waits for registers the block
+    does not have forever)."""
+    if ctas == 1:
+        return CONSUMER_REGS[consumers]
+    start = launch_regs(consumers, ctas)
+    return min(256, start + (start - PRODUCER_REGS) // consumers // 8 * 8)
+
+
 #: Registers a consumer thread needs beside its accumulators (descriptors, indices, epilogue).
 CONSUMER_OVERHEAD = 56
 ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
+SPARSE_ARGS = ("Y", "TX", "TW", "B", "RP", "CI", "M", "N", "K")
 PTX_TYPE = {DType.bf16: "bf16", DType.fp16: "f16"}
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2"}
 
@@ -58,7 +96,8 @@ PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2"}
 class Spec(SpecData):
     """One warp-specialized wgmma + TMA GEMM variant; its generated ``name`` is its identity.
 
-    The k-tile is one 128-byte swizzle span (64 elements of a 16-bit type), so it is not a field."""
+    The k-tile is one 128-byte swizzle span (64 elements of a 16-bit type), or with a block-sparse W
+    one block, so it is not a field."""
 
     dtype: DType = DType.bf16
     bias: bool = False
@@ -70,6 +109,8 @@ class Spec(SpecData):
     persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
     prepass: str = field(default="none", metadata={"choices": PREPASSES,
                                                    "help": "pack rows to 16 bytes first (needed when K is not a multiple of 8)"})
+    ctas: int = field(default=1, metadata={"help": "blocks sharing a multiprocessor (1 or 2; 2 halves ring and registers)"})
+    block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
 
     family: ClassVar[str] = NAME
 
@@ -78,11 +119,13 @@ class Spec(SpecData):
     def name(self) -> str:
         return (f"hp_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
-                f"{'_pk' if self.prepass == 'pack' else ''}")
+                f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
+                f"{f'_o{self.ctas}' if self.ctas != 1 else ''}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)"
+        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
+        r"(?:_o(?P<ctas>\d+))?"
     )
 
     @classmethod
@@ -97,6 +140,8 @@ class Spec(SpecData):
             bias=g.pop("bias") == "bias",
             persistent=bool(g.pop("persistent")),
             prepass="pack" if g.pop("prepass") else "none",
+            block=int(g.pop("block") or 0),
+            ctas=int(g.pop("ctas") or 1),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -110,8 +155,13 @@ class Spec(SpecData):
 
     @property
     def bk(self) -> int:
-        """k-tile depth: one 128-byte swizzled row."""
-        return SWIZZLE // self.elem
+        """k-tile depth: one 128-byte swizzled row, or one block of a block-sparse W."""
+        return self.block or SWIZZLE // self.elem
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one k-tile row in shared memory: the swizzle span (128, 64 or 32)."""
+        return self.bk * self.elem
 
     @property
     def wg_m(self) -> int:
@@ -133,13 +183,23 @@ class Spec(SpecData):
         return WG * (self.consumers + 1)
 
     @property
+    def tx_bytes(self) -> int:
+        """Bytes the copy engine writes into one stage: X's box then W's."""
+        return (self.bm + self.bn) * self.row_bytes
+
+    @property
     def stage_bytes(self) -> int:
-        return (self.bm + self.bn) * SWIZZLE
+        """One stage of the ring, rounded up to the 1024-byte swizzle period."""
+        return -(-self.tx_bytes // STAGE_ALIGN) * STAGE_ALIGN
 
     @property
     def smem_bytes(self) -> int:
         """The ring, its full and empty barriers, and 1 KiB to align the ring to the swizzle's 1024-byte period."""
         return self.stages * self.stage_bytes + 2 * 8 * self.stages + 1024
+
+    @property
+    def consumer_regs(self) -> int:
+        return consumer_regs(self.consumers, self.ctas)
 
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
@@ -153,6 +213,8 @@ class Spec(SpecData):
             why.append(f"prepass must be one of {PREPASSES}, got {self.prepass!r}")
         if self.consumers not in CONSUMERS:
             why.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
+        if self.ctas not in CTAS:
+            why.append(f"ctas must be one of {CTAS}, got {self.ctas}")
         if self.dtype not in DTYPES:
             why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value}")
         if why:
@@ -165,11 +227,18 @@ class Spec(SpecData):
             why.append(f"bn {self.bn} must be a multiple of 8 from 8 to 256 (wgmma N, TMA box rows)")
         if self.bm > 256:
             why.append(f"bm {self.bm} > 256 (TMA box rows)")
-        if not 2 <= self.stages <= 8:
-            why.append(f"stages must be 2 to 8, got {self.stages}")
+        top = MAX_STAGES[bool(self.block)]
+        if not 2 <= self.stages <= top:
+            why.append(f"stages must be 2 to {top}, got {self.stages}")
+        if self.block:
+            why += sparse_rules(self.block, self.bn, self.bk)
+            if self.prepass != "none":
+                why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
+        if self.ctas == 2 and self.persistent:
+            why.append("ctas=2 shares a multiprocessor between two blocks of a plain grid: persistent must be false")
         if why:
             return why
-        budget = CONSUMER_REGS[self.consumers]
+        budget = self.consumer_regs
         if self.acc_regs + CONSUMER_OVERHEAD > budget:
             why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}) > the {budget} "
                        f"registers a consumer gets: make bm/consumers x bn smaller")
@@ -177,6 +246,9 @@ class Spec(SpecData):
             why.append(f"{self.threads} threads per block > {limits.max_threads}")
         if self.smem_bytes > limits.max_smem:
             why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
+        elif self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:  # 1 KiB per block is the system's
+            why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
+                       f"{limits.max_smem + 1024} B of a multiprocessor")
         if problem is not None:
             if problem.layout is not Layout.forward:
                 why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
@@ -184,9 +256,12 @@ class Spec(SpecData):
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
                 why.append("spec and problem disagree on bias")
-            if problem.block:
-                why.append(f"the {NAME} family computes a dense W only")
-            if problem.k * self.elem % 16 and self.prepass != "pack":
+            if problem.block != self.block:
+                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
+            elif self.block and problem.k * self.elem % 16:
+                why.append(f"K={problem.k}: rows of X are {problem.k * self.elem} bytes apart, not a multiple of 16 as "
+                           f"TMA needs, and a block-sparse W has no pack prepass: use the tensorcore family")
+            elif problem.k * self.elem % 16 and self.prepass != "pack":
                 why.append(f"K={problem.k}: rows of X and W are {problem.k * self.elem} bytes apart, not a multiple "
                            f"of 16 as TMA needs; use prepass='pack' (rows copied to a 16-byte pitch first) "
                            f"or the tensorcore family")
@@ -202,21 +277,25 @@ def template_values(spec: Spec) -> dict:
         name=spec.name,
         dtype=spec.dtype.value,
         bk=spec.bk,
+        balanced=bool(spec.block and spec.persistent),
         threads=spec.threads,
         wg_m=spec.wg_m,
         frag_m=spec.frag_m,
         acc=acc,
         k_steps=spec.bk // WGMMA_K,
         k_step_bytes=WGMMA_K * spec.elem,
-        a_bytes=spec.bm * SWIZZLE,
+        row_bytes=spec.row_bytes,
+        swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
+        a_bytes=spec.bm * spec.row_bytes,
+        tx_bytes=spec.tx_bytes,
         stage_bytes=spec.stage_bytes,
         bar_offset=spec.stages * spec.stage_bytes,
-        wg_a_bytes=spec.wg_m * SWIZZLE,
-        frag_a_bytes=WGMMA_M * SWIZZLE,
-        sbo=8 * SWIZZLE,  # bytes between 8-row groups of a swizzled tile
+        wg_a_bytes=spec.wg_m * spec.row_bytes,
+        frag_a_bytes=WGMMA_M * spec.row_bytes,
+        sbo=8 * spec.row_bytes,  # bytes between 8-row groups of a swizzled tile
         empty_arrivals=spec.consumers * (WG // 32),
         producer_regs=PRODUCER_REGS,
-        consumer_regs=CONSUMER_REGS[spec.consumers],
+        consumer_regs=spec.consumer_regs,
         wgmma_ptx=f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{spec.bn}k{WGMMA_K}.f32.{PTX_TYPE[spec.dtype]}.{PTX_TYPE[spec.dtype]}",
         acc_operands=", ".join(f"%{i}" for i in range(acc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(acc)),
@@ -232,10 +311,21 @@ def compile_target(arch: str) -> str:
     return "sm_90a" if arch == "sm_90" else arch
 
 
+def block_rows_bound(problem: Problem, block: int) -> int:
+    """Rows of the block array's tensor map: room for every block W could keep (the map does not
+    depend on the pattern, so one manifest serves any pattern of the shape)."""
+    return -(-problem.n // block) * -(-problem.k // block) * block
+
+
 def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapArg], int]:
     """The tensor maps of X and W, and the workspace the pack prepass needs (0 without it)."""
     m, n, k, e = problem.m, problem.n, problem.k, spec.elem
-    common = dict(dtype=spec.dtype.value, swizzle=SWIZZLE)
+    common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
+    if spec.block:
+        b = spec.block
+        return (TensorMapArg("TX", "X", dims=(k, m), pitch=k * e, box=(b, spec.bm), **common),
+                TensorMapArg("TW", "W", dims=(b, block_rows_bound(problem, b)), pitch=b * e, box=(b, b),
+                             **common)), 0
     if spec.prepass == "pack":
         kp = packed_k(16 // e, k)
         return (TensorMapArg("TX", "WS", dims=(k, m), pitch=kp * e, box=(spec.bk, spec.bm), offset=0, **common),
@@ -250,13 +340,13 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1), smem=spec.smem_bytes,
-                                 args=ARGS, persistent=spec.persistent))
+                                 args=SPARSE_ARGS if spec.block else ARGS, persistent=spec.persistent))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, tensor_maps=maps)
 
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    e, ce = spec.elem, 16 // spec.elem
+    e, ce, sw = spec.elem, 16 // spec.elem, spec.row_bytes
     parts = []
     if spec.prepass == "pack":
         parts.append(pack_rule(spec.name, ce, e, "0"))
@@ -265,9 +355,20 @@ def grid_rule(spec: Spec) -> str:
         src_x, src_w, pitch = "X", "W", f"K*{e}"
     tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
     blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
-    parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
-                 f"{spec.smem_bytes} B; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
-                 f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
-                 f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.bn}); "
-                 f"X, W and WS 16-byte aligned")
+    head = (f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
+            f"{spec.smem_bytes} B")
+    if spec.block:
+        b = spec.block
+        parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, {sw}-byte swizzle, zero fill): TX "
+                     f"over X with dims (K, M), row pitch K*{e} bytes (a multiple of 16), box ({b}, {spec.bm}); TW "
+                     f"over the block array W with dims ({b}, ceil(N/{b})*ceil(K/{b})*{b}), row pitch {b * e} bytes, "
+                     f"box ({b}, {b}); X and W 16-byte aligned")
+        parts.append(BSR_ARGS.format(block=b))
+    else:
+        parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
+                     f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
+                     f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.bn}); "
+                     f"X, W and WS 16-byte aligned")
+    if spec.ctas > 1:
+        parts.append(f"{spec.ctas} blocks share a multiprocessor (__launch_bounds__({spec.threads}, {spec.ctas}))")
     return "; ".join(parts)

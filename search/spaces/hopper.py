@@ -12,15 +12,23 @@ NAME = "hopper"
 def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
     """Everything the Hopper template can express that is worth trying. The k-tile is fixed (one
     128-byte swizzle span), and the pack prepass is not sampled: it is on exactly when the
-    problem's K breaks TMA's 16-byte row pitch (``to_spec``). Clusters are size 1."""
-    return Space(NAME, {
+    problem's K breaks TMA's 16-byte row pitch (``to_spec``). Clusters are size 1. With a
+    block-sparse W (``block`` > 0) the block tile spans one block row and the k-tile is one block,
+    so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
+    share a multiprocessor (``ctas``), for rows that hold only a few kept blocks."""
+    dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
         "stages": (2, 3, 4, 5, 6),
         "consumers": (1, 2),
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
-    })
+    }
+    if block:
+        del dims["bn"]
+        dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
+        dims["ctas"] = (1, 2)
+    return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
@@ -46,8 +54,29 @@ SEEDS = [
 ]
 
 
+def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8) -> dict:
+    return dict(bm=bm, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m, ctas=ctas)
+
+
+#: Block-sparse W, plausible points, UNTESTED until measured on the H200 (benchmarks/hopper_probe.py
+#: --sparse): a block row holds few kept blocks at low density (about 6 blocks of 64 at density 0.1
+#: of 4096), so the ring's fill and the epilogue weigh: a persistent grid whose producer runs into the
+#: next tile, or two blocks per multiprocessor; bm 256 halves W's reloads.
+SPARSE_SEEDS = [
+    _sparse_point(128, 8, 2, True),
+    _sparse_point(256, 5, 2, True),
+    _sparse_point(128, 4, 1, False, ctas=2),
+    _sparse_point(128, 4, 2, False, ctas=2),
+    _sparse_point(256, 4, 2, False),
+    _sparse_point(128, 6, 1, True),
+]
+
+
 def to_spec(point: dict, problem: Problem) -> Spec:
-    """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows."""
+    """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows
+    (dense W only); with a block-sparse W, ``bn`` is the block."""
+    if problem.block:
+        return Spec(dtype=problem.dtype, bias=problem.bias, bn=problem.block, block=problem.block, **point)
     pack = problem.k * problem.dtype.itemsize % 16 != 0
     return Spec(dtype=problem.dtype, bias=problem.bias, prepass="pack" if pack else "none", **point)
 
@@ -55,4 +84,4 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    return {k: d[k] for k in space(spec.dtype).dims}
+    return {k: d[k] for k in space(spec.dtype, spec.block).dims}
