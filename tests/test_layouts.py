@@ -316,3 +316,63 @@ def test_tensorcore_backward_kernels_compile_to_transposed_ldmatrix_without_spil
         assert ops["HMMA"] > 0 and ops["LDGSTS"] > 0
         if spec.mma == "mma":
             assert ops["LDSM"] > 0
+
+
+# ---- numerics on the CPU (tests/cpu_cuda.py: the kernel as C++, threads as fibers) ----------------------
+#: Kernels run through the CPU emulation: every load path of both families in both backward layouts.
+EMULATED = [
+    SimtSpec(layout=GI),
+    SimtSpec(layout=GW, bias=True),
+    SimtSpec(layout=GW, stages=1, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GI, bk=1, pad=0, vec=1, stages=0, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GW, dtype="bf16", bias=True, copy="async", pad=8, stages=3, bm=64, bn=128, bk=32, wm=32, wn=64,
+             tm=8, tn=8),
+    SimtSpec(layout=GI, dtype="bf16", copy="async", pad=8, stages=3, bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8,
+             split_k=4, reduce="two_pass"),
+    SimtSpec(layout=GW, copy="async", pad=4, stages=4, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, split_k=2,
+             reduce="atomic"),
+    TcSpec(layout=GI),
+    TcSpec(layout=GW, bias=True, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad"),
+    TcSpec(layout=GW, bm=32, bn=16, bk=64, wm=16, wn=16, warps_k=2, stages=3, split_k=2, reduce="two_pass"),
+]
+#: An odd shape (unaligned rows: the element-wise loads) and an aligned one (16-byte copies).
+EMULATED_SHAPES = [(67, 45, 131), (72, 56, 136)]
+
+
+def _emulate(spec, shape, tmp_path, source=None):
+    from tests import cpu_cuda
+
+    problem = Problem(*shape, spec.dtype, spec.layout, spec.bias)
+    assert not spec.check(problem), spec.check(problem)
+    inputs = random_inputs(problem, np.random.default_rng(7))
+    got = cpu_cuda.run_plan(source or render(spec), plan(spec, problem), problem, inputs, output_shapes(problem),
+                            tmp_path / f"{spec.name}_{problem.key}")
+    ref = references(problem, inputs)
+    from codegen.data import compare
+
+    return {name: compare(problem, got[name], ref[name]) for name in ref}
+
+
+needs_gxx = pytest.mark.skipif(not __import__("shutil").which("g++"), reason="the CPU emulation needs g++")
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", EMULATED, ids=lambda s: s.name)
+def test_backward_kernels_are_correct_in_cpu_emulation(spec, tmp_path):
+    for shape in EMULATED_SHAPES:
+        for name, (status, evidence, _) in _emulate(spec, shape, tmp_path).items():
+            assert status == "ok", f"{spec.name} {shape} {name}: {evidence}"
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+def test_the_cpu_emulation_catches_a_wrong_operand_read(tmp_path):
+    """ldmatrix without .trans on a k-outer tile, and a dropped db kernel: the emulation must fail both."""
+    spec = TcSpec(layout=GW, bias=True, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad")
+    source = render(spec)
+    assert "ldmatrix_x4_trans(r," in source
+    result = _emulate(spec, EMULATED_SHAPES[1], tmp_path, source.replace("ldmatrix_x4_trans(r,", "ldmatrix_x4(r,"))
+    assert result["DW"][0] == "wrong_result" and result["DB"][0] == "ok"
+    dropped = source.replace("DB[c] = from_f(s);", "")
+    assert _emulate(spec, EMULATED_SHAPES[0], tmp_path, dropped)["DB"][0] == "nan_or_inf"
