@@ -114,11 +114,9 @@ def point_of(spec: KernelSpec) -> dict:
     return _module(spec.family).point_of(spec)
 
 
-def seeds(family: str, block: int = 0, layout: Layout | str = Layout.forward) -> list[dict]:
+def seeds(family: str, block: int = 0) -> list[dict]:
     """Known-good points of the family's space, tried first by a new search (for a block-sparse W,
-    the family's SPARSE_SEEDS where it has them; for a backward layout its LAYOUT_SEEDS of that
-    layout where it has them)."""
+    the family's SPARSE_SEEDS where it has them). The backward layouts start from the forward
+    seeds (no backward kernel has been timed yet); those their rules refuse are left out."""
     module = _module(family)
-    if Layout(layout) is not Layout.forward and Layout(layout) in getattr(module, "LAYOUT_SEEDS", {}):
-        return [dict(p) for p in module.LAYOUT_SEEDS[Layout(layout)]]
     return [dict(p) for p in (getattr(module, "SPARSE_SEEDS", []) if block else module.SEEDS)]

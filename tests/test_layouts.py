@@ -207,6 +207,22 @@ def test_plans_name_the_arrays_of_the_layout():
     assert atomic.zero_output and len(atomic.launches) == 1
 
 
+def test_export_manifests_carry_the_layout_and_the_arrays():
+    from codegen.export import manifest
+
+    spec = TcSpec(layout=GW, bias=True, split_k=2, reduce="two_pass")
+    doc = manifest(spec, Problem(4096, 4096, 32, DType.bf16, GW, bias=True), "sm_90")
+    assert doc["problem"]["layout"] == "grad_weight" and doc["spec"]["layout"] == "grad_weight"
+    assert [k["symbol"] for k in doc["kernels"]] == [spec.name, spec.name + "_reduce", spec.name + "_db"]
+    assert [a["name"] for a in doc["kernels"][0]["args"]][:3] == ["DW", "DY", "X"]
+    assert doc["kernels"][0]["args"][0]["type"] == "__nv_bfloat16*" and doc["kernels"][0]["args"][1]["type"] == \
+        "const __nv_bfloat16*"
+    assert doc["kernels"][2]["args"] == [{"name": "DB", "type": "__nv_bfloat16*"},
+                                         {"name": "DY", "type": "const __nv_bfloat16*"},
+                                         {"name": "M", "type": "int"}, {"name": "K", "type": "int"}]
+    assert "DW[M,N] = DY[K,M]^T * X[K,N]" in doc["arguments_note"] and "_db" in doc["grid_rule"]
+
+
 def test_backward_kernels_never_add_the_bias_to_the_gemm_output():
     source = render(SimtSpec(layout=GW, bias=True))
     assert "to_f(B[c])" not in source and "_db(T* __restrict__ DB" in source
@@ -220,11 +236,14 @@ def test_spaces_map_points_to_specs_of_the_layout():
     for family, dtype in (("simt", DType.fp32), ("tensorcore", DType.bf16)):
         space = space_for(family, dtype, layout=GW)
         problem = Problem(256, 256, 64, dtype, GW, bias=True)
-        point = seeds(family, layout=GW)[0]
+        point = seeds(family)[0]
         spec = space.spec(point, problem)
         assert spec.layout is GW and spec.bias
         assert space.spec(point_of(spec), problem) == spec
     assert "prepass" not in space_for("tensorcore", DType.bf16, layout=GI).dims
+    gi = Problem(32, 4096, 4096, DType.bf16, GI)
+    tc_seeds = [space_for("tensorcore", DType.bf16, layout=GI).spec(p, gi) for p in seeds("tensorcore")]
+    assert all(s.prepass == "none" and s.layout is GI for s in tc_seeds) and any(not s.check(gi) for s in tc_seeds)
     with pytest.raises(ValueError, match="forward layout only"):
         space_for("hopper", DType.bf16, layout=GI)
 

@@ -92,10 +92,12 @@ SPARSE_SEEDS = [
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem. Choices a rule fixes are derived, not sampled:
     wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, a 16-bit output
-    a two-pass split-K, and no split-K no reduction."""
+    a two-pass split-K, no split-K no reduction, and a backward layout no pack prepass."""
     p = dict(point)
     if problem.block:
         p.update(bn=problem.block, prepass="none", block=problem.block)
+    if problem.layout is not Layout.forward:
+        p["prepass"] = "none"  # no pack prepass in the backward layouts (not a dimension of their space)
     if p["mma"] == "wmma":
         p.update(smem="pad", epilogue="smem")
     if p["warps_k"] > 1:
