@@ -327,9 +327,13 @@ def pattern_from_args(args: argparse.Namespace):
     W (--weights): its non-zero blocks, or with --density its largest blocks."""
     from codegen import sparse
 
+    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input.
+    gi = Layout(getattr(args, "layout", None) or "forward") is Layout.grad_input
+    rows, cols = ("k", "n") if gi else ("n", "k")
     if args.weights is None:
         try:
-            return sparse.Pattern.random(args.n, args.k, args.block, args.density, args.pattern_seed or 0)
+            return sparse.Pattern.random(getattr(args, rows), getattr(args, cols), args.block, args.density,
+                                         args.pattern_seed or 0)
         except ValueError as e:
             raise UsageError(str(e)) from None
     try:
@@ -337,11 +341,12 @@ def pattern_from_args(args: argparse.Namespace):
     except (ValueError, OSError) as e:
         raise UsageError(f"--weights: {e}") from None
     n, k = w.shape
-    wrong = [f"--{d} {getattr(args, d)}" for d, size in (("n", n), ("k", k))
+    wrong = [f"--{d} {getattr(args, d)}" for d, size in ((rows, n), (cols, k))
              if getattr(args, d, None) is not None and getattr(args, d) != size]
     if wrong:
+        shape = "K x N, out x in, in grad_input" if gi else "N x K"
         raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
-                         f"{args.weights}, which is {n}x{k} (N x K); --weights gives N and K, so --n and --k "
+                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives N and K, so --n and --k "
                          f"can be left out")
     try:
         if args.density is None:
@@ -359,9 +364,13 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     if getattr(args, "block", None) is not None:
         from codegen.sparse import problem_for
 
-        if layout is not Layout.forward:
-            raise UsageError(f"--block: a block-sparse W is generated for --layout forward only, not {layout.value}")
-        return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias)
+        if layout is Layout.grad_weight:
+            raise UsageError("--block: a block-sparse W is generated for --layout forward and grad_input, "
+                             "not grad_weight")
+        try:
+            return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias, layout=layout)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     try:
         return Problem(args.m, args.n, args.k, DType(args.dtype), layout, bias=args.bias)
     except ValueError as e:

@@ -26,7 +26,7 @@ from codegen.data import (
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Layout, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI", "DX", "DY", "DW", "DB")
+POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI", "DX", "DY", "DW", "DB", "WT")
 FLUSH_BYTES = 256 << 20
 
 
@@ -228,15 +228,16 @@ class Engine:
             b = tensor(ops.host["B"]) if problem.bias else None
             runs = {"cublas": lambda: lambda: F.linear(x, w, b)}  # name -> builder of the timed call
         else:  # what autograd runs for the layer's backward GEMM (and db)
-            a = {name: tensor(arr) for name, arr in ops.host.items()}
-            if problem.layout is Layout.grad_input:
-                runs = {"cublas": lambda: lambda: a["DY"] @ a["W"]}
+            a = {name: tensor(arr) for name, arr in ops.host.items() if name in ("DY", "X", "W")}
+            if problem.layout is Layout.grad_input:  # a block-sparse W expanded: dense cuBLAS
+                w = tensor(dense_w(problem, ops.host))
+                runs = {"cublas": lambda: lambda: a["DY"] @ w}
             elif problem.bias:
                 runs = {"cublas": lambda: lambda: (a["DY"].t() @ a["X"], a["DY"].sum(0))}
             else:
                 runs = {"cublas": lambda: lambda: a["DY"].t() @ a["X"]}
         notes = []
-        if problem.sparse:
+        if problem.sparse and problem.layout is Layout.forward:
             runs.update(self._sparse_runs(problem, torch, F, x, w, b, notes))
         out: dict = {}
         for name, make in runs.items():

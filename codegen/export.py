@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from codegen.families import compile_target, family_of, spec_from_dict
-from codegen.launch import ARG_TYPES, BSR_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
+from codegen.launch import ARG_TYPES, BSR_ARGS, BSR_GI_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
 from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
@@ -28,7 +28,8 @@ MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error",
 #: What the arguments of each layout's kernels hold (problem M, N, K as codegen.problem.Layout says).
 ARGUMENTS = {
     Layout.forward: "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias",
-    Layout.grad_input: "DX[M,N] = DY[M,K] * W[K,N], row-major (M batch, N in features, K out features); B is null",
+    Layout.grad_input: "DX[M,N] = DY[M,K] * W[K,N], row-major (M batch, N in features, K out features); B is null; "
+                       "a block-sparse W is read as WT, Wᵀ in BSR (see sparse)",
     Layout.grad_weight: "DW[M,N] = DY[K,M]^T * X[K,N], row-major (M out features, N in features, K batch); B is "
                         "null; with bias the _db kernel writes DB[M] = sum over the K rows of DY",
 }
@@ -85,7 +86,8 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
                              "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
                              "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),
         "problem": problem.to_dict(),
-        **({"sparse": {"format": "BSR", "block": block, "arguments": BSR_ARGS.format(block=block),
+        **({"sparse": {"format": "BSR", "block": block, "arguments": (
+            BSR_GI_ARGS if problem.layout is Layout.grad_input else BSR_ARGS).format(block=block),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
         "measured": measured,
     }

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
     "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
     "packed_k", "plan", "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
@@ -40,6 +40,7 @@ ARG_TYPES = {
     "DW": "T*",
     "DB": "T*",
     "DY": "const T*",
+    "WT": "const T*",
 }
 MAIN_ARGS = ("Y", "X", "W", "B", "WS", "M", "N", "K")
 #: The arrays each layout's GEMM kernel takes in its output, left and right operand slots (the
@@ -52,6 +53,12 @@ DB_ARGS = ("DB", "DY", "M", "K")
 DB_COLS, DB_ROWS = 32, 16  # columns per block, threads summing each column
 #: The main kernel's arguments when W is block-sparse: its BSR index arrays after WS.
 SPARSE_ARGS = ("Y", "X", "W", "B", "WS", "RP", "CI", "M", "N", "K")
+#: What a block-sparse grad_input kernel's WT, RP and CI hold: the layer's W [out, in] = [K, N] is
+#: block-sparse on the problem's pattern; the kernel reads Wᵀ [N, K] in BSR (each kept block transposed).
+BSR_GI_ARGS = ("WT holds the kept blocks of Wᵀ[N,K] (W[K,N] is the layer's weight, out x in) in BSR order, "
+               "[nnzb][{block}][{block}] row-major (each of W's kept blocks transposed), 16-byte aligned, blocks past "
+               "N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row of Wᵀ; CI[nnzb] (int32) "
+               "its block columns kept, ascending in each row")
 #: What a block-sparse kernel's W, RP and CI hold, for export manifests.
 BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{block}] row-major, 16-byte aligned, "
             "blocks past N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row; "
@@ -185,10 +192,11 @@ def workspace_bytes(split_k: int, problem: Problem) -> int:
     return 4 * split_k * problem.m * problem.n
 
 
-def layout_args(args: tuple[str, ...], layout: Layout) -> tuple[str, ...]:
+def layout_args(args: tuple[str, ...], layout: Layout, sparse: bool = False) -> tuple[str, ...]:
     """A forward argument list (MAIN_ARGS, REDUCE_ARGS, ...) with the Y, X and W slots naming the
-    arrays of ``layout`` (LAYOUT_SLOTS)."""
-    rename = dict(zip(LAYOUT_SLOTS[Layout.forward], LAYOUT_SLOTS[layout], strict=True))
+    arrays of ``layout`` (LAYOUT_SLOTS; a block-sparse grad_input reads WT, Wᵀ in BSR)."""
+    slots = ("DX", "DY", "WT") if sparse and layout is Layout.grad_input else LAYOUT_SLOTS[layout]
+    rename = dict(zip(LAYOUT_SLOTS[Layout.forward], slots, strict=True))
     return tuple(rename.get(a, a) for a in args)
 
 

@@ -36,12 +36,13 @@ LAYOUT_OF_SUFFIX = {"": Layout.forward, "gi": Layout.grad_input, "gw": Layout.gr
 
 def layout_rules(layout: Layout, bias: bool, block: int) -> list[str]:
     """What the backward GEMMs of a family that generates them cannot be: the input gradient has no
-    bias term (db comes with the weight gradient), and only forward takes a block-sparse W."""
+    bias term (db comes with the weight gradient), and the weight gradient of a block-sparse W
+    (its kept blocks only) is not generated."""
     why = []
     if layout is Layout.grad_input and bias:
         why.append("the grad_input layout has no bias (db = sum of dY comes with grad_weight)")
-    if layout is not Layout.forward and block:
-        why.append(f"a block-sparse W is generated for the forward layout only, not {layout.value}")
+    if layout is Layout.grad_weight and block:
+        why.append("a block-sparse W is generated for the forward and grad_input layouts, not grad_weight")
     return why
 
 

@@ -234,7 +234,7 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
         main += [f"    std::vector<unsigned char> b{idx}({a.nbytes} + 16);",
                  f"    {{ FILE* f = fopen(\"{workdir / name}.bin\", \"rb\"); if (fread(b{idx}.data(), 1, {a.nbytes}, f) != "
                  f"{a.nbytes}) return 3; fclose(f); }}",
-                 f"    auto* p_{name} = reinterpret_cast<T*>(b{idx}.data());"]
+                 f"    auto* p_{name} = reinterpret_cast<{'int' if a.dtype == np.int32 else 'T'}*>(b{idx}.data());"]
     first = next(iter(outputs))
     if plan.zero_output:
         main.append(f"    memset(p_{first}, 0, {int(np.prod(outputs[first])) * problem.dtype.itemsize});")

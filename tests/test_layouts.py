@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from codegen import cli, families, sass
+from codegen import cli, families, sass, sparse
 from codegen.compile import compile_source
 from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
 from codegen.evaluate import probe_for
@@ -114,10 +114,13 @@ def test_the_input_gradient_has_no_bias():
     assert any("grad_input layout has no bias" in r for r in TcSpec(layout=GI, bias=True).check())
 
 
-@pytest.mark.parametrize("layout", [GI, GW])
-def test_block_sparse_backward_is_refused_clearly(layout):
-    spec = SimtSpec(layout=layout, block=64, bn=64, bk=16, wn=64, wm=32)
-    assert any(f"forward layout only, not {layout.value}" in r for r in spec.check())
+def test_a_block_sparse_weight_gradient_is_refused_clearly():
+    spec = SimtSpec(layout=GW, block=64, bn=64, bk=16, wn=64, wm=32)
+    assert any("forward and grad_input layouts, not grad_weight" in r for r in spec.check())
+    assert any("not grad_weight" in r for r in TcSpec(layout=GW, block=32, bn=32).check())
+    assert not SimtSpec(layout=GI, block=64, bn=64, bk=16, wn=64, wm=32).check()
+    with pytest.raises(ValueError, match="not grad_weight"):
+        sparse.problem_for(8, sparse.Pattern.random(64, 64, 32, 0.5), layout=GW)
 
 
 def test_spec_and_problem_must_agree_on_the_layout():
@@ -268,8 +271,8 @@ def test_layout_usage_errors_exit_2(capsys):
     base = ["compile", "--m", "64", "--n", "64", "--k", "64"]
     assert cli.main([*base, "--layout", "grad_input", "--bias"]) == 2
     assert "grad_input layout has no bias" in capsys.readouterr().err
-    assert cli.main([*base, "--layout", "grad_input", "--block", "32", "--density", "0.5"]) == 2
-    assert "forward only" in capsys.readouterr().err
+    assert cli.main([*base, "--layout", "grad_weight", "--block", "32", "--density", "0.5"]) == 2
+    assert "not grad_weight" in capsys.readouterr().err
     assert cli.main([*base, "--layout", "grad_weight", "--family", "hopper"]) == 2
     assert "forward layout only" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
@@ -395,3 +398,71 @@ def test_the_cpu_emulation_catches_a_wrong_operand_read(tmp_path):
     assert result["DW"][0] == "wrong_result" and result["DB"][0] == "ok"
     dropped = source.replace("DB[c] = from_f(s);", "")
     assert _emulate(spec, EMULATED_SHAPES[0], tmp_path, dropped)["DB"][0] == "nan_or_inf"
+
+
+# ---- block-sparse W in grad_input: dX = dY·W read as Wᵀ in BSR ----------------------------------------
+def _sparse_gi(m=67, out=96, fin=80, block=32, density=0.5, seed=3, dtype="fp32"):
+    """The grad_input problem of a layer with a block-sparse W [out, in] (N = in, K = out)."""
+    return sparse.problem_for(m, sparse.Pattern.random(out, fin, block, density, seed), dtype, layout=GI)
+
+
+def test_sparse_grad_input_problem_data_and_reference():
+    p = _sparse_gi()
+    assert (p.m, p.n, p.k, p.layout, p.block) == (67, 80, 96, GI, 32) and "_grad_input_bsr32" in p.key
+    inputs = random_inputs(p, np.random.default_rng(0))
+    pattern = sparse.lookup(p)
+    pt = pattern.transpose()
+    assert (pt.n, pt.k, pt.nnzb) == (80, 96, pattern.nnzb) and np.array_equal(pt.mask(), pattern.mask().T)
+    assert {k: v.shape for k, v in inputs.items()} == input_shapes(p)
+    np.testing.assert_array_equal(inputs["RP"], pt.indptr)
+    w = pt.expand(inputs["WT"]).T  # the layer's W [out, in], zeros outside the kept blocks
+    assert w.shape == (96, 80) and np.array_equal(w != 0, np.kron(pattern.mask(), np.ones((32, 32)))[:96, :80] != 0)
+    np.testing.assert_allclose(references(p, inputs)["DX"], inputs["DY"].astype(np.float64) @ w)
+    probe = probe_for(p)
+    assert (probe.m, probe.n, probe.k, probe.layout, probe.block) == (67, 45, 91, GI, 32)
+    assert sparse.lookup(probe).n == 91  # the probe's pattern is of W [out = K, in = N]
+
+
+def test_sparse_grad_input_plans_read_wt_with_its_index_arrays():
+    for spec in (SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+                 TcSpec(layout=GI, block=32, bn=32, wn=32, bm=128, wm=64)):
+        p = _sparse_gi(dtype=spec.dtype)
+        assert not spec.check(p) and spec.name.endswith("_bsr32_gi") and families.spec_from_name(spec.name) == spec
+        assert plan(spec, p).launches[0].args == ("DX", "DY", "WT", "B", "WS", "RP", "CI", "M", "N", "K")
+        assert "WT holds the kept blocks of Wᵀ[N,K]" in families.family_of(spec).grid_rule(spec)
+        assert "ldmatrix_x4_trans" not in render(spec)  # Wᵀ's blocks are k-contiguous: the forward loads
+
+
+def test_sparse_grad_input_from_the_command_line(tmp_path):
+    args = _parse(["bench", "--m", "16", "--n", "80", "--k", "96", "--layout", "grad_input", "--block", "32",
+                   "--density", "0.5"])
+    problem = cli.problem_from_args(args)
+    assert (problem.n, problem.k, problem.layout) == (80, 96, GI) and sparse.lookup(problem).n == 96
+    w = np.zeros((96, 80), dtype=np.float32)
+    w[:32, 32:64] = 1.0
+    np.save(tmp_path / "w.npy", w)
+    args = _parse(["bench", "--m", "16", "--layout", "grad_input", "--block", "32", "--weights", str(tmp_path / "w.npy")])
+    problem = cli.problem_from_args(args)
+    assert (problem.n, problem.k, problem.density) == (80, 96, 1 / 9)
+    assert cli.spec_from_args(args, problem).name.endswith("_bsr32_gi")
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", [
+    SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, pad=4),
+    TcSpec(layout=GI, dtype="bf16", block=32, bn=32, wn=32, bm=64, wm=32),
+    TcSpec(layout=GI, dtype="bf16", block=16, bn=16, bk=64, wn=16, bm=64, wm=32),
+], ids=lambda s: s.name)
+def test_sparse_grad_input_is_correct_in_cpu_emulation(spec, tmp_path):
+    from tests import cpu_cuda
+
+    for m, fin, out in ((67, 45, 91), (40, 96, 128)):
+        p = _sparse_gi(m, out, fin, spec.block, 0.5, seed=5, dtype=spec.dtype)
+        inputs = random_inputs(p, np.random.default_rng(2))
+        got = cpu_cuda.run_plan(render(spec), plan(spec, p), p, inputs, output_shapes(p), tmp_path / p.key)
+        from codegen.data import compare
+
+        status, evidence, _ = compare(p, got["DX"], references(p, inputs)["DX"])
+        assert status == "ok", f"{spec.name} {p.key}: {evidence}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from codegen.launch import (
     BSR_ARGS,
+    BSR_GI_ARGS,
     DB_COLS,
     DB_ROWS,
     LAYOUT_SLOTS,
@@ -126,8 +127,9 @@ class Spec(SpecData):
 
     @property
     def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer ([K][N]: W in grad_input, X in grad_weight)."""
-        return self.layout is not Layout.forward
+        """Whether the right operand is stored k-outer ([K][N]: a dense W in grad_input, X in
+        grad_weight). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
+        return self.layout is Layout.grad_weight or (self.layout is Layout.grad_input and not self.block)
 
     def _async_tile(self, rows: int, outer: bool) -> int:
         """Elements of one async stage of an operand tile: [rows][bk + pad] k-contiguous, or
@@ -304,13 +306,22 @@ class Spec(SpecData):
 
 
 # ---- template values ------------------------------------------------------------------------------
-#: When vector loads are aligned: the row length of each operand (K if k-contiguous, else M or N).
-VEC_COND = {Layout.forward: "(K % VEC == 0)", Layout.grad_input: "(K % VEC == 0 && N % VEC == 0)",
-            Layout.grad_weight: "(M % VEC == 0 && N % VEC == 0)"}
+def _row_condition(spec: Spec, unit: str) -> str:
+    """When every row of both operands starts ``unit``-aligned, as a C condition: the row length of
+    each (K if k-contiguous, else M or N; a BSR W's blocks are always aligned)."""
+    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
+    return "(" + " && ".join(f"{d} % {unit} == 0" for d in dims) + ")"
+
+
+def _comment(spec: Spec) -> str:
+    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
+
+
 #: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
 COMMENT = {
     Layout.forward: "",
     Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
+    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
     Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
 }
 
@@ -339,8 +350,8 @@ def template_values(spec: Spec) -> dict:
         # `runs` to a k row of the tile; the bias is db (a kernel of its own), never added to dW
         a_t=spec.a_t, w_t=spec.w_t, a_runs=spec.bm // spec.vec, w_runs=spec.bn // spec.vec,
         bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=COMMENT[spec.layout],
-        vec_cond=VEC_COND[spec.layout],  # every row of both operands VEC-aligned
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec),
+        vec_cond=_row_condition(spec, "VEC"),  # every row of both operands VEC-aligned
     )  # fmt: skip
     if spec.copy == "async":
         sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
@@ -368,7 +379,7 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         grid=(grid_m * grid_n, spec.split_k, 1),
         block=(spec.threads, 1, 1),
         smem=spec.smem_bytes,
-        args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS, spec.layout),
+        args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS, spec.layout, sparse=bool(spec.block)),
     )
     launches = [main]
     if spec.reduce == "two_pass":
@@ -384,13 +395,14 @@ def grid_rule(spec: Spec) -> str:
     rule = (f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
             f"block = ({spec.threads}, 1, 1)")
     if spec.block:
-        rule += "; " + BSR_ARGS.format(block=spec.block)
+        rule += "; " + (BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block)
     if spec.reduce == "two_pass":
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
     if spec.reduce == "atomic":
         rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
     if spec.layout is not Layout.forward:
-        rule += f"; arguments Y, X, W are {', '.join(LAYOUT_SLOTS[spec.layout])} ({COMMENT[spec.layout]}), B is null"
+        slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
+        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null"
     if spec.bias and spec.layout is Layout.grad_weight:
         rule += "; then " + db_rule(spec.name)
     return rule

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 from codegen.launch import (
     BSR_ARGS,
+    BSR_GI_ARGS,
     DB_COLS,
     DB_ROWS,
     LAYOUT_SLOTS,
@@ -179,8 +180,9 @@ class Spec(SpecData):
 
     @property
     def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer ([K][N]: W in grad_input, X in grad_weight)."""
-        return self.layout is not Layout.forward
+        """Whether the right operand is stored k-outer ([K][N]: a dense W in grad_input, X in
+        grad_weight). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
+        return self.layout is Layout.grad_weight or (self.layout is Layout.grad_input and not self.block)
 
     def outer_stride(self, rows: int) -> int:
         """Shared row stride of a k-outer operand's tile [bk][rows], in elements: rows (+ a 16-byte pad)."""
@@ -314,11 +316,20 @@ PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2", DType.tf32: "f
 COMMENT = {
     Layout.forward: "",
     Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
+    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
     Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
 }
-#: When 16-byte cp.async is safe: the row length of each operand (K if k-contiguous, else M or N).
-ALIGN_COND = {Layout.forward: "K % CE == 0", Layout.grad_input: "K % CE == 0 && N % CE == 0",
-              Layout.grad_weight: "M % CE == 0 && N % CE == 0"}
+
+
+def _row_condition(spec: Spec) -> str:
+    """When 16-byte cp.async is safe, as a C condition: the row length of each operand a whole
+    number of chunks (K if k-contiguous, else M or N)."""
+    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
+    return " && ".join(f"{d} % CE == 0" for d in dims)
+
+
+def _comment(spec: Spec) -> str:
+    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
 
 
 def _shift(chunks: int) -> int:
@@ -359,7 +370,7 @@ def template_values(spec: Spec) -> dict:
         a_shift=_shift(spec.bm // spec.chunk_elems), a_mask=min(spec.bm // spec.chunk_elems, 8) - 1,
         w_shift=_shift(spec.bn // spec.chunk_elems), w_mask=min(spec.bn // spec.chunk_elems, 8) - 1,
         bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=COMMENT[spec.layout], align_cond=ALIGN_COND[spec.layout],
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec), align_cond=_row_condition(spec),
         staged=spec.staged,
         c_stride=spec.c_stride,
         out_vec=16 // spec.elem,
@@ -393,7 +404,7 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         workspace += (problem.m + problem.n) * packed_k(spec.chunk_elems, problem.k) * spec.elem
     launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
                                  smem=spec.smem_bytes, args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS,
-                                                                        spec.layout)))
+                                                                        spec.layout, sparse=bool(spec.block))))
     if spec.reduce == "two_pass":
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
     if spec.bias and spec.layout is Layout.grad_weight:
@@ -415,13 +426,14 @@ def grid_rule(spec: Spec) -> str:
     parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
                  f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
     if spec.block:
-        parts.append(BSR_ARGS.format(block=spec.block))
+        parts.append((BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block))
     if spec.reduce == "two_pass":
         parts.append("then " + reduce_rule(spec.name, spec.split_k) + " (rounded up to 16 bytes)")
     if spec.reduce == "atomic":
         parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
     if spec.layout is not Layout.forward:
-        parts.append(f"arguments Y, X, W are {', '.join(LAYOUT_SLOTS[spec.layout])} ({COMMENT[spec.layout]}), B is null")
+        slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
+        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null")
     if spec.bias and spec.layout is Layout.grad_weight:
         parts.append("then " + db_rule(spec.name))
     return "; ".join(parts)

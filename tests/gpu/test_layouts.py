@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import codegen.evaluate as evaluate
+from codegen import sparse
 from codegen.evaluate import Evaluator
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
@@ -72,6 +73,26 @@ def test_backward_gemms_are_correct(evaluator, spec):
             continue  # split-K finer than K: refused before compile, by design
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
         assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
+
+
+#: Block-sparse W in grad_input (read as Wᵀ in BSR): (batch, in, out, density) of the layer.
+SPARSE_LAYERS = [(67, 45, 91, 0.5), (32, 4096, 4096, 0.25), (1025, 1023, 1021, 0.5)]
+SPARSE_GI = [
+    SimtSpec(dtype=DType.fp32, layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(dtype=DType.bf16, layout=GI, block=64, bn=64, bk=16, bm=64, wm=32, wn=64, tm=8, tn=8, copy="async",
+             stages=3, pad=8),
+    TcSpec(dtype=DType.bf16, layout=GI, block=32, bn=32, wn=32, bm=128, wm=64),
+    TcSpec(dtype=DType.fp16, layout=GI, block=16, bn=16, bk=64, wn=16, bm=64, wm=32),
+]
+
+
+@pytest.mark.parametrize("spec", SPARSE_GI, ids=lambda s: s.name)
+def test_sparse_grad_input_is_correct(evaluator, spec):
+    for batch, fin, fout, density in SPARSE_LAYERS:
+        pattern = sparse.Pattern.random(fout, fin, spec.block, density, seed=3)  # the layer's W [out, in]
+        problem = sparse.problem_for(batch, pattern, spec.dtype, layout=GI)
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
 
 
 @pytest.mark.parametrize("drop", ["_db", "main"])
