@@ -6,7 +6,8 @@ are asynchronous on the device (cp.async) happen at once, and the warp-collectiv
 tensor-core family uses (ldmatrix with and without .trans, mma.sync m16n8k16 bf16/fp16) are
 emulated from the PTX ISA's fragment layouts, each lane depositing its operands and every lane
 reading them after a barrier that all threads of the block pass (the kernels' control flow is
-uniform, so barrier counts agree). fp32 and bf16 element types; no wmma, no tf32.
+uniform, so barrier counts agree); in wmma every lane holds and multiplies its whole tile.
+fp32, bf16 and fp16 (the compiler's _Float16) element types; no tf32.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SHIM = r"""
 #include <cstring>
 #include <algorithm>
 #include <functional>
+#include <type_traits>
 #include <vector>
 #include <ucontext.h>
 using std::min;
@@ -54,6 +56,11 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
 template <class P> static inline P __ldg(const P* p) { return *p; }
 static inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
 
+struct __half { unsigned short x; };  // fp16 through the compiler's _Float16
+struct __half2 { __half x, y; };
+typedef __half half;
+static inline float __half2float(__half h) { _Float16 f; memcpy(&f, &h.x, 2); return (float)f; }
+static inline __half __float2half_rn(float v) { _Float16 f = (_Float16)v; __half h; memcpy(&h.x, &f, 2); return h; }
 struct __nv_bfloat16 { unsigned short x; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
 static inline float __bfloat162float(__nv_bfloat16 v) { unsigned u = (unsigned)v.x << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -143,7 +150,7 @@ static inline float half_bits(unsigned short b) {
 #if EMU_BF16
     unsigned u = (unsigned)b << 16; float f; memcpy(&f, &u, 4); return f;
 #else
-    return 0.0f;
+    _Float16 f; memcpy(&f, &b, 2); return (float)f;
 #endif
 }
 static inline float reg_half(unsigned r, int h) { return half_bits((unsigned short)(h ? r >> 16 : r & 0xffff)); }
@@ -172,6 +179,53 @@ static void mma_tile(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
     }
     __syncthreads();
 }
+
+// wmma: every lane holds its whole 16x16 tile and does the whole product (the results agree, so
+// the emulation needs no warp exchange; lane 0 alone stores); fragments keep floats, row-major.
+static inline float emu_f(float v) { return v; }
+static inline float emu_f(__half v) { return __half2float(v); }
+static inline float emu_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+namespace nvcuda { namespace wmma {
+struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <class U, int M, int N, int K, class E, class L = void> struct fragment {
+    static constexpr int num_elements = 256;
+    float x[256];
+};
+template <class U, int M, int N, int K> constexpr int rows_of() { return std::is_same<U, matrix_b>::value ? K : M; }
+template <class U, int M, int N, int K> constexpr int cols_of() { return std::is_same<U, matrix_a>::value ? K : N; }
+template <class U, int M, int N, int K, class E, class L, class P>
+void load_matrix_sync(fragment<U, M, N, K, E, L>& f, const P* p, unsigned ldm) {
+    constexpr int R = rows_of<U, M, N, K>(), C = cols_of<U, M, N, K>();
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) f.x[r * C + c] = emu_f(std::is_same<L, row_major>::value ? p[r * ldm + c] : p[c * ldm + r]);
+}
+template <int M, int N, int K>
+void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t l) {
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) f.x[r * N + c] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+template <int M, int N, int K>
+void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t l) {
+    if (threadIdx.x % 32) return;  // lane 0 stores for the warp: a later lane's load (a read-modify-write
+                                   // of slice-K) must not see the tile twice
+    for (int r = 0; r < M; ++r)
+        for (int c = 0; c < N; ++c) (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
+}
+template <class F> void fill_fragment(F& f, float v) { for (float& e : f.x) e = v; }
+template <int M, int N, int K, class E, class LA, class LB>
+void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, E, LA>& a,
+              const fragment<matrix_b, M, N, K, E, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+    float out[M * N];
+    for (int r = 0; r < M; ++r)
+        for (int n = 0; n < N; ++n) {
+            float s = c.x[r * N + n];
+            for (int k = 0; k < K; ++k) s += a.x[r * K + k] * b.x[k * N + n];
+            out[r * N + n] = s;
+        }
+    memcpy(d.x, out, sizeof(out));
+}
+}}  // namespace nvcuda::wmma
 """
 
 _EXTERN_SMEM = re.compile(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];")
@@ -215,8 +269,8 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
              outputs: dict[str, tuple[int, ...]], workdir: Path) -> dict[str, np.ndarray]:
     """Run ``plan`` of ``source`` on ``problem`` with the given input arrays (storage format); every
     output starts as NaN poison (zeroed first where the plan says). Returns the outputs."""
-    if problem.dtype not in (DType.fp32, DType.bf16):
-        raise ValueError(f"the CPU emulation takes fp32 and bf16, not {problem.dtype.value}")
+    if problem.dtype is DType.tf32:
+        raise ValueError("the CPU emulation takes fp32, bf16 and fp16, not tf32")
     body, cp_bytes = _cpu_source(source)
     dims = {"M": problem.m, "N": problem.n, "K": problem.k}
     arrays = dict(inputs)

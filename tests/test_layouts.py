@@ -356,6 +356,10 @@ EMULATED = [
     TcSpec(layout=GI),
     TcSpec(layout=GW, bias=True, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad"),
     TcSpec(layout=GW, bm=32, bn=16, bk=64, wm=16, wn=16, warps_k=2, stages=3, split_k=2, reduce="two_pass"),
+    TcSpec(layout=GI, dtype="fp16", bm=64, bn=128, wm=32, wn=64),
+    TcSpec(layout=GW, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32, warps_k=2, bias=True),
+    TcSpec(layout=GI, dtype="fp16", mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32),
+    SimtSpec(layout=GW, dtype="fp16", bias=True, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, vec=8),
 ]
 #: An odd shape (unaligned rows: the element-wise loads) and an aligned one (16-byte copies).
 EMULATED_SHAPES = [(67, 45, 131), (72, 56, 136)]
