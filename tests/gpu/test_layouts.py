@@ -41,11 +41,10 @@ def _cases():
     out = []
     for layout in (GI, GW):
         for bias in ((False,) if layout is GI else (False, True)):
-            for dt in (DType.fp32, DType.bf16, DType.fp16):
-                for v in SIMT + (FP32_ONLY if dt is DType.fp32 else []):
-                    out.append(SimtSpec(dtype=dt, bias=bias, layout=layout, **v))
-            for dt in (DType.bf16, DType.fp16):
-                out += [TcSpec(dtype=dt, bias=bias, layout=layout, **v) for v in TC]
+            for dt, variants in ((DType.fp32, SIMT + FP32_ONLY), (DType.bf16, SIMT), (DType.fp16, SIMT[::2])):
+                out += [SimtSpec(dtype=dt, bias=bias, layout=layout, **v) for v in variants]
+            for dt, variants in ((DType.bf16, TC), (DType.fp16, TC[::3])):  # fp16: the default and wmma
+                out += [TcSpec(dtype=dt, bias=bias, layout=layout, **v) for v in variants]
     return out
 
 
