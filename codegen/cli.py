@@ -21,7 +21,7 @@ from dataclasses import MISSING
 from pathlib import Path
 
 from codegen import families
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
 
 DEFAULT_FAMILY = "simt"
@@ -160,7 +160,11 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--n", type=positive_int, help="out features (rows of W)" + nk_none)
     p.add_argument("--k", type=positive_int, help="in features" + nk_none)
     p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
-    p.add_argument("--bias", action="store_true", help="add b[N]")
+    p.add_argument("--bias", action="store_true", help="add b[N] (with --layout grad_weight: also db[M] = sum of dY)")
+    p.add_argument("--layout", choices=[v.value for v in Layout], default="forward",
+                   help="which GEMM of the linear layer: forward Y = X·Wᵀ; grad_input dX[M,N] = dY[M,K]·W[K,N] "
+                        "(M batch, N in, K out); grad_weight dW[M,N] = dY[K,M]ᵀ·X[K,N] (M out, N in, K batch). "
+                        "--m, --n, --k are always the GEMM's output rows, output columns and reduction")
     from codegen.sparse import BLOCKS
 
     g = p.add_argument_group("block-sparse W (default: none of these, W is dense)")
@@ -241,19 +245,27 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
     if args.kernel:
         spec = spec_from_name(args.kernel, args)
         block = getattr(spec, "block", 0)
-        if problem is not None and (spec.dtype, spec.bias, block) != (problem.dtype, problem.bias, problem.block):
-            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}, block={block}; "
-                             f"the problem is {problem.dtype.value}, bias={problem.bias}, block={problem.block}")
+        layout = getattr(spec, "layout", Layout.forward)
+        if problem is not None and (spec.dtype, spec.bias, block, layout) != \
+                (problem.dtype, problem.bias, problem.block, problem.layout):
+            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}, block={block}, "
+                             f"layout={layout.value}; the problem is {problem.dtype.value}, bias={problem.bias}, "
+                             f"block={problem.block}, layout={problem.layout.value}")
         return spec
     family = family_of_args(args)
     values = {f.name: getattr(args, f.name) for f in families.variant_fields(family)
               if getattr(args, f.name, None) is not None}
     if problem is not None:
         values.update(dtype=problem.dtype, bias=problem.bias)
-        block = problem.block
+        block, layout = problem.block, problem.layout
     else:
         values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
-        block = getattr(args, "block", None) or 0
+        block, layout = getattr(args, "block", None) or 0, Layout(getattr(args, "layout", None) or "forward")
+    if layout is not Layout.forward:
+        if not families.takes_layouts(family):
+            raise UsageError(f"the {family} family generates the forward layout only; choose --family "
+                             + " or ".join(n for n in families.names() if families.takes_layouts(n)))
+        values["layout"] = layout
     if block:
         if not families.takes_sparse(family):
             raise UsageError(f"the {family} family has no block-sparse variants; choose --family "
@@ -315,9 +327,13 @@ def pattern_from_args(args: argparse.Namespace):
     W (--weights): its non-zero blocks, or with --density its largest blocks."""
     from codegen import sparse
 
+    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input.
+    gi = Layout(getattr(args, "layout", None) or "forward") is Layout.grad_input
+    rows, cols = ("k", "n") if gi else ("n", "k")
     if args.weights is None:
         try:
-            return sparse.Pattern.random(args.n, args.k, args.block, args.density, args.pattern_seed or 0)
+            return sparse.Pattern.random(getattr(args, rows), getattr(args, cols), args.block, args.density,
+                                         args.pattern_seed or 0)
         except ValueError as e:
             raise UsageError(str(e)) from None
     try:
@@ -325,11 +341,12 @@ def pattern_from_args(args: argparse.Namespace):
     except (ValueError, OSError) as e:
         raise UsageError(f"--weights: {e}") from None
     n, k = w.shape
-    wrong = [f"--{d} {getattr(args, d)}" for d, size in (("n", n), ("k", k))
+    wrong = [f"--{d} {getattr(args, d)}" for d, size in ((rows, n), (cols, k))
              if getattr(args, d, None) is not None and getattr(args, d) != size]
     if wrong:
+        shape = "K x N, out x in, in grad_input" if gi else "N x K"
         raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
-                         f"{args.weights}, which is {n}x{k} (N x K); --weights gives N and K, so --n and --k "
+                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives N and K, so --n and --k "
                          f"can be left out")
     try:
         if args.density is None:
@@ -343,12 +360,19 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     """The problem of the command line: dense, or with --block block-sparse (its pattern registered
     in this process by ``codegen.sparse.problem_for``)."""
     problem_given(args)
+    layout = Layout(getattr(args, "layout", None) or "forward")
     if getattr(args, "block", None) is not None:
         from codegen.sparse import problem_for
 
-        return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias)
+        if layout is Layout.grad_weight:
+            raise UsageError("--block: a block-sparse W is generated for --layout forward and grad_input, "
+                             "not grad_weight")
+        try:
+            return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias, layout=layout)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     try:
-        return Problem(args.m, args.n, args.k, DType(args.dtype), bias=args.bias)
+        return Problem(args.m, args.n, args.k, DType(args.dtype), layout, bias=args.bias)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -636,7 +660,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                   "its results are not tied to today's templates", file=sys.stderr)
     else:
         space_name = "restricted" if args.restricted else "full"
-        space = space_for(family_of_args(args), problem.dtype, args.restricted)
+        try:
+            space = space_for(family_of_args(args), problem.dtype, args.restricted, layout=problem.layout)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         check_cache()
         if not args.no_store:
             check_store(args.db)
@@ -704,6 +731,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} already exists; a sweep does not overwrite a recording: remove it or "
                          f"choose another name")
     check_writable(args.out, "--out", folder=False)
+    try:
+        space = space_for(family_of_args(args), problem.dtype, restricted=args.space, layout=problem.layout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     check_cache()
     check_store(args.db)
     earlier = None
@@ -712,7 +743,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             earlier = json.loads(args.resume.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UsageError(f"--resume {args.resume}: cannot read it as a recording ({e})") from None
-        space = space_for(family_of_args(args), problem.dtype, restricted=args.space)
         if not isinstance(earlier, dict) or earlier.get("problem") != problem.to_dict() or \
                 earlier.get("space") != space.to_dict():
             raise UsageError(f"--resume {args.resume} is not a recording of {problem.key} over the "
@@ -724,7 +754,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from search.sweep import sweep
 
     try:
-        doc = sweep(problem, space_for(family_of_args(args), problem.dtype, restricted=args.space), measurer,
+        doc = sweep(problem, space, measurer,
                     store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space,
                     max_seconds=args.max_seconds, resume=earlier)
     finally:

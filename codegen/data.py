@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 
 #: numpy storage type of each element type (bf16 is kept as its 16 raw bits).
 STORAGE = {DType.fp32: np.float32, DType.tf32: np.float32, DType.fp16: np.float16, DType.bf16: np.uint16}
@@ -31,11 +31,52 @@ def to_float64(x: np.ndarray, dtype: DType) -> np.ndarray:
     return x.astype(np.float64)
 
 
+def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """The dense input arrays of the problem's layout and their shapes, in the problem's M, N, K
+    (codegen.problem.Layout): forward X[M,K], W[N,K] (+ B[N]); grad_input dY[M,K], W[K,N] (a
+    block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI); grad_weight dY[K,M], X[K,N].
+    A block-sparse forward W is the codegen.sparse blocks (``random_inputs``)."""
+    m, n, k = problem.m, problem.n, problem.k
+    if problem.layout is Layout.grad_input and problem.sparse:  # Wᵀ's kept blocks in BSR, with its index arrays
+        from codegen import sparse
+
+        pt = sparse.lookup(problem).transpose()
+        return {"DY": (m, k), "WT": (pt.nnzb, pt.block, pt.block), "RP": pt.indptr.shape, "CI": pt.indices.shape}
+    if problem.layout is Layout.grad_input:
+        return {"DY": (m, k), "W": (k, n)}
+    if problem.layout is Layout.grad_weight:
+        return {"DY": (k, m), "X": (k, n)}
+    return {"X": (m, k), "W": (n, k), **({"B": (n,)} if problem.bias else {})}
+
+
+def output_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """The output arrays of the problem's layout, the GEMM's own first: Y[M,N], dX[M,N], or dW[M,N]
+    with db[M] = Σ_batch dY when the layer has a bias."""
+    shape = (problem.m, problem.n)
+    if problem.layout is Layout.grad_input:
+        return {"DX": shape}
+    if problem.layout is Layout.grad_weight:
+        return {"DW": shape, **({"DB": (problem.m,)} if problem.bias else {})}
+    return {"Y": shape}
+
+
 def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """X, W (and B) uniform in [-1, 1), in storage format. Never zeros. A block-sparse W comes as
-    its kept blocks ``W[nnzb, block, block]`` (zero past N and K) with ``RP`` and ``CI``, the BSR
-    index arrays of its registered pattern (codegen.sparse)."""
+    """The layout's inputs (``input_shapes``) uniform in [-1, 1), in storage format. Never zeros.
+    A block-sparse W comes as its kept blocks ``W[nnzb, block, block]`` (zero past N and K) with
+    ``RP`` and ``CI``, the BSR index arrays of its registered pattern (codegen.sparse)."""
     p = problem
+    if p.layout is Layout.grad_input and p.sparse:
+        from codegen import sparse
+
+        pattern = sparse.lookup(p)
+        pt = pattern.transpose()
+        blocks = rng.uniform(-1, 1, (pattern.nnzb, p.block, p.block)).astype(np.float32)
+        w = pattern.expand(blocks)  # the layer's W [K, N] (out x in), zeros outside the kept blocks
+        return {"DY": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
+                "WT": to_storage(pt.gather(np.ascontiguousarray(w.T)), p.dtype), "RP": pt.indptr, "CI": pt.indices}
+    if p.layout is not Layout.forward:
+        return {name: to_storage(rng.uniform(-1, 1, shape).astype(np.float32), p.dtype)
+                for name, shape in input_shapes(p).items()}
     out = {"X": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype)}
     if p.sparse:
         from codegen import sparse
@@ -52,16 +93,33 @@ def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.nd
 
 
 def dense_w(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """W as a dense [N, K] array in storage format (a block-sparse W expanded, zeros elsewhere)."""
+    """W as a dense array in storage format (a block-sparse W expanded, zeros elsewhere): [N, K] in
+    the forward layout, the layer's [K, N] (out x in) in grad_input."""
     if not problem.sparse:
         return inputs["W"]
     from codegen import sparse
 
+    if problem.layout is Layout.grad_input:
+        return np.ascontiguousarray(sparse.lookup(problem).transpose().expand(inputs["WT"]).T)
     return sparse.lookup(problem).expand(inputs["W"])
 
 
+def references(problem: Problem, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of the problem's layout (``output_shapes``) in float64 from the (already
+    rounded) inputs."""
+    if problem.layout is Layout.forward:
+        return {"Y": reference(problem, inputs)}
+    f = {name: to_float64(a, problem.dtype) for name, a in inputs.items() if name in ("DY", "X")}
+    if problem.layout is Layout.grad_input:
+        return {"DX": f["DY"] @ to_float64(dense_w(problem, inputs), problem.dtype)}
+    out = {"DW": f["DY"].T @ f["X"]}
+    if problem.bias:
+        out["DB"] = f["DY"].sum(axis=0)
+    return out
+
+
 def reference(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Y in float64 from the (already rounded) inputs."""
+    """Y of a forward problem in float64 from the (already rounded) inputs."""
     x = to_float64(inputs["X"], problem.dtype)
     w = to_float64(dense_w(problem, inputs), problem.dtype)
     y = x @ w.T

@@ -12,11 +12,21 @@ import numpy as np
 
 from codegen import cuda, sparse
 from codegen.cuda import Buffer, CudaError, Event, Module
-from codegen.data import NAN16, NAN32_HALVES, STORAGE, compare, dense_w, random_inputs, reference, summarize
+from codegen.data import (
+    NAN16,
+    NAN32_HALVES,
+    STORAGE,
+    compare,
+    dense_w,
+    output_shapes,
+    random_inputs,
+    references,
+    summarize,
+)
 from codegen.launch import LaunchPlan, TensorMapArg
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI")
+POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI", "DX", "DY", "DW", "DB", "WT")
 FLUSH_BYTES = 256 << 20
 
 
@@ -49,17 +59,20 @@ def launch_failure(e: CudaError, stage: str, symbol: str, smem: int) -> Exceptio
 
 
 class Operands:
-    """One problem's inputs on host and device, and the output buffer."""
+    """One problem's inputs on host and device, and its output buffers (codegen.data.output_shapes:
+    Y, dX, or dW and db, by layout)."""
 
     def __init__(self, problem: Problem, rng: np.random.Generator, with_reference: bool = True) -> None:
         self.problem = problem
         self.host = random_inputs(problem, rng)
-        self.ref = reference(problem, self.host) if with_reference else None
+        self.ref = references(problem, self.host) if with_reference else None
         self.buffers: dict[str, Buffer] = {}
         for name, arr in self.host.items():
             self.buffers[name] = Buffer(arr.nbytes)
             self.buffers[name].upload(arr)
-        self.buffers["Y"] = Buffer(problem.m * problem.n * problem.dtype.itemsize)
+        self.outputs = output_shapes(problem)
+        for name, shape in self.outputs.items():
+            self.buffers[name] = Buffer(math.prod(shape) * problem.dtype.itemsize)
         self.workspace: Buffer | None = None
         self.tensor_maps: dict[tuple, object] = {}  # (TensorMapArg, address) -> its 128 encoded bytes
 
@@ -85,13 +98,18 @@ class Operands:
             self.tensor_maps[key] = cuda.encode_tensor_map(arg.encoding(), base)
         return self.tensor_maps[key]
 
-    def poison(self, stream) -> None:
-        y = self.buffers["Y"]
-        y.fill16(NAN16.get(self.problem.dtype, NAN32_HALVES), stream)
+    @property
+    def main_output(self) -> str:
+        """The GEMM's own output (what a plan's ``zero_output`` zeroes)."""
+        return next(iter(self.outputs))
 
-    def output(self) -> np.ndarray:
-        p = self.problem
-        return self.buffers["Y"].download(np.empty((p.m, p.n), dtype=STORAGE[p.dtype]))
+    def poison(self, stream) -> None:
+        for name in self.outputs:
+            self.buffers[name].fill16(NAN16.get(self.problem.dtype, NAN32_HALVES), stream)
+
+    def output(self, name: str | None = None) -> np.ndarray:
+        name = name or self.main_output
+        return self.buffers[name].download(np.empty(self.outputs[name], dtype=STORAGE[self.problem.dtype]))
 
     def free(self) -> None:
         for buf in list(self.buffers.values()) + ([self.workspace] if self.workspace else []):
@@ -113,7 +131,7 @@ class Engine:
         p = ops.problem
         dims = {"M": p.m, "N": p.n, "K": p.k}
         if plan.zero_output:
-            ops.buffers["Y"].zero(self.stream)
+            ops.buffers[ops.main_output].zero(self.stream)
         for step in plan.launches:
             args = [self._argument(a, plan, ops, dims) for a in step.args]
             try:
@@ -205,11 +223,21 @@ class Engine:
             t = torch.from_numpy(np.ascontiguousarray(a.view(np.int16) if problem.dtype is DType.bf16 else a))
             return t.cuda().view(tdtype) if problem.dtype is DType.bf16 else t.cuda()
 
-        x, w = tensor(ops.host["X"]), tensor(dense_w(problem, ops.host))  # a sparse W expanded: dense cuBLAS
-        b = tensor(ops.host["B"]) if problem.bias else None
-        runs = {"cublas": lambda: lambda: F.linear(x, w, b)}  # name -> builder of the timed call
+        if problem.layout is Layout.forward:
+            x, w = tensor(ops.host["X"]), tensor(dense_w(problem, ops.host))  # a sparse W expanded: dense cuBLAS
+            b = tensor(ops.host["B"]) if problem.bias else None
+            runs = {"cublas": lambda: lambda: F.linear(x, w, b)}  # name -> builder of the timed call
+        else:  # what autograd runs for the layer's backward GEMM (and db)
+            a = {name: tensor(arr) for name, arr in ops.host.items() if name in ("DY", "X", "W")}
+            if problem.layout is Layout.grad_input:  # a block-sparse W expanded: dense cuBLAS
+                w = tensor(dense_w(problem, ops.host))
+                runs = {"cublas": lambda: lambda: a["DY"] @ w}
+            elif problem.bias:
+                runs = {"cublas": lambda: lambda: (a["DY"].t() @ a["X"], a["DY"].sum(0))}
+            else:
+                runs = {"cublas": lambda: lambda: a["DY"].t() @ a["X"]}
         notes = []
-        if problem.sparse:
+        if problem.sparse and problem.layout is Layout.forward:
             runs.update(self._sparse_runs(problem, torch, F, x, w, b, notes))
         out: dict = {}
         for name, make in runs.items():
@@ -287,10 +315,15 @@ class Engine:
             module.unload()
 
     def _validate(self, module: Module, plan: LaunchPlan, ops: Operands, what: str) -> float | None:
+        """Every output poisoned with NaN, the plan run, each output checked against float64; the
+        relative error of the GEMM's own output."""
         ops.poison(self.stream)
         self.run_plan(module, plan, ops)
         self.synchronize(what)
-        status, evidence, rel = compare(ops.problem, ops.output(), ops.ref)
-        if status != "ok":
-            raise Failure(status, f"{what}: {evidence}")
-        return rel
+        errors = {}
+        for name in ops.outputs:
+            status, evidence, errors[name] = compare(ops.problem, ops.output(name), ops.ref[name])
+            if status != "ok":
+                label = f" {name}" if len(ops.outputs) > 1 else ""
+                raise Failure(status, f"{what}{label}: {evidence}")
+        return errors[ops.main_output]

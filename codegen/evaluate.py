@@ -11,7 +11,7 @@ from codegen import sparse
 from codegen.compile import CompileError, CompileResult, compile_source, default_arch, nvrtc_version
 from codegen.families import compile_target
 from codegen.launch import plan
-from codegen.problem import Problem
+from codegen.problem import Layout, Problem
 from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
 from codegen.worker import GpuWorker
@@ -52,8 +52,10 @@ def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     m, n, k = PROBE
 
     def at(k: int) -> Problem:
-        if problem.sparse:
-            return sparse.problem_for(m, sparse.probe_pattern(n, k, problem.block), problem.dtype, problem.bias)
+        if problem.sparse:  # the pattern is of the layer's W: [N, K] forward, [K, N] (out x in) in grad_input
+            shape = (k, n) if problem.layout is Layout.grad_input else (n, k)
+            return sparse.problem_for(m, sparse.probe_pattern(*shape, problem.block), problem.dtype, problem.bias,
+                                      problem.layout)
         return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
 
     probe = at(k)

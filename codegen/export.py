@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from codegen.families import compile_target, family_of, spec_from_dict
-from codegen.launch import ARG_TYPES, BSR_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
-from codegen.problem import Problem
+from codegen.launch import ARG_TYPES, BSR_ARGS, BSR_GI_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
+from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
 
@@ -23,6 +23,16 @@ __all__ = ["MANIFEST_FORMAT", "ExportError", "export_files", "export_kernel", "m
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
 MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
+
+
+#: What the arguments of each layout's kernels hold (problem M, N, K as codegen.problem.Layout says).
+ARGUMENTS = {
+    Layout.forward: "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias",
+    Layout.grad_input: "DX[M,N] = DY[M,K] * W[K,N], row-major (M batch, N in features, K out features); B is null; "
+                       "a block-sparse W is read as WT, Wᵀ in BSR (see sparse)",
+    Layout.grad_weight: "DW[M,N] = DY[K,M]^T * X[K,N], row-major (M out features, N in features, K batch); B is "
+                        "null; with bias the _db kernel writes DB[M] = sum over the K rows of DY",
+}
 
 
 class ExportError(KeyError):
@@ -71,13 +81,13 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "workspace_bytes": launch.workspace_bytes,
         "zero_output_first": launch.zero_output,
         "grid_rule": grid_rule(spec),
-        "arguments_note": "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias; "
-                          "WS is the float32 workspace (null when workspace_bytes is 0)"
+        "arguments_note": ARGUMENTS[problem.layout] + "; WS is the float32 workspace (null when workspace_bytes is 0)"
                           + ("; a CUtensorMap argument is 128 bytes passed by value, encoded on the host with "
                              "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
                              "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),
         "problem": problem.to_dict(),
-        **({"sparse": {"format": "BSR", "block": block, "arguments": BSR_ARGS.format(block=block),
+        **({"sparse": {"format": "BSR", "block": block, "arguments": (
+            BSR_GI_ARGS if problem.layout is Layout.grad_input else BSR_ARGS).format(block=block),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
         "measured": measured,
     }

@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from codegen.problem import Problem
+from codegen.problem import Layout, Problem
 
 if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
-    "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "grid_rule", "pack_launch", "pack_rule", "pack_symbol",
+    "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "layout_args",
+    "pack_launch", "pack_rule", "pack_symbol",
     "packed_k", "plan", "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
 ]  # fmt: skip
 
@@ -35,10 +36,29 @@ ARG_TYPES = {
     "M": "int",
     "N": "int",
     "K": "int",
+    "DX": "T*",
+    "DW": "T*",
+    "DB": "T*",
+    "DY": "const T*",
+    "WT": "const T*",
 }
 MAIN_ARGS = ("Y", "X", "W", "B", "WS", "M", "N", "K")
+#: The arrays each layout's GEMM kernel takes in its output, left and right operand slots (the
+#: kernel's Y, X and W parameters): dX[M,N] = dY[M,K]·W[K,N] and dW[M,N] = dY[K,M]ᵀ·X[K,N] in the
+#: problem's M, N, K (codegen.problem.Layout). B is the forward bias (null in the backward GEMMs).
+LAYOUT_SLOTS = {Layout.forward: ("Y", "X", "W"), Layout.grad_input: ("DX", "DY", "W"),
+                Layout.grad_weight: ("DW", "DY", "X")}
+#: The bias gradient kernel of grad_weight: DB[M] = sum over the K rows of DY[K][M].
+DB_ARGS = ("DB", "DY", "M", "K")
+DB_COLS, DB_ROWS = 32, 16  # columns per block, threads summing each column
 #: The main kernel's arguments when W is block-sparse: its BSR index arrays after WS.
 SPARSE_ARGS = ("Y", "X", "W", "B", "WS", "RP", "CI", "M", "N", "K")
+#: What a block-sparse grad_input kernel's WT, RP and CI hold: the layer's W [out, in] = [K, N] is
+#: block-sparse on the problem's pattern; the kernel reads Wᵀ [N, K] in BSR (each kept block transposed).
+BSR_GI_ARGS = ("WT holds the kept blocks of Wᵀ[N,K] (W[K,N] is the layer's weight, out x in) in BSR order, "
+               "[nnzb][{block}][{block}] row-major (each of W's kept blocks transposed), 16-byte aligned, blocks past "
+               "N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row of Wᵀ; CI[nnzb] (int32) "
+               "its block columns kept, ascending in each row")
 #: What a block-sparse kernel's W, RP and CI hold, for export manifests.
 BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{block}] row-major, 16-byte aligned, "
             "blocks past N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row; "
@@ -172,6 +192,26 @@ def workspace_bytes(split_k: int, problem: Problem) -> int:
     return 4 * split_k * problem.m * problem.n
 
 
+def layout_args(args: tuple[str, ...], layout: Layout, sparse: bool = False) -> tuple[str, ...]:
+    """A forward argument list (MAIN_ARGS, REDUCE_ARGS, ...) with the Y, X and W slots naming the
+    arrays of ``layout`` (LAYOUT_SLOTS; a block-sparse grad_input reads WT, Wᵀ in BSR)."""
+    slots = ("DX", "DY", "WT") if sparse and layout is Layout.grad_input else LAYOUT_SLOTS[layout]
+    rename = dict(zip(LAYOUT_SLOTS[Layout.forward], slots, strict=True))
+    return tuple(rename.get(a, a) for a in args)
+
+
+def db_launch(spec_name: str, problem: Problem) -> KernelLaunch:
+    """The bias gradient of a grad_weight problem with bias: DB_ROWS threads per column of dY."""
+    return KernelLaunch(symbol=spec_name + "_db", grid=(-(-problem.m // DB_COLS), 1, 1),
+                        block=(DB_COLS * DB_ROWS, 1, 1), smem=0, args=DB_ARGS)
+
+
+def db_rule(spec_name: str) -> str:
+    """The db launch for any M, K, in words."""
+    return (f"{spec_name}_db(DB, DY, M, K): grid = (ceil(M/{DB_COLS}), 1, 1), block = ({DB_COLS * DB_ROWS}, 1, 1); "
+            f"DB[M] = sum over the K rows of DY[K][M]")
+
+
 def reduce_launch(spec_name: str, split_k: int, problem: Problem) -> KernelLaunch:
     """Second pass: Y = sum of the ``split_k`` partial sums in WS (+ B), one thread per output."""
     if split_k < 2:
@@ -182,7 +222,7 @@ def reduce_launch(spec_name: str, split_k: int, problem: Problem) -> KernelLaunc
         grid=(-(-total // REDUCE_THREADS), 1, 1),
         block=(REDUCE_THREADS, 1, 1),
         smem=0,
-        args=REDUCE_ARGS,
+        args=layout_args(REDUCE_ARGS, problem.layout),
     )
 
 

@@ -10,8 +10,8 @@ graph replays it. A GEMM with no tuned kernel runs torch's own op instead, and t
 logged once per problem and device (logger ``gemmscape.nn``).
 
 Which tensor each kernel argument names, per layout (the kernels' own convention, from their
-manifests' argument names): forward Y=y, X=x, W=weight, B=bias; grad_input Y=dX, X=dY, W=weight;
-grad_weight Y=dW, X=dY, W=x, and B (or DB) = db where the problem has a bias.
+manifests' argument names): forward Y=y, X=x, W=weight, B=bias; grad_input DX=dX, DY=dY, W=weight;
+grad_weight DW=dW, DY=dY, X=x, and DB = db (its own kernel) where the problem has a bias.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
 log = logging.getLogger("gemmscape.nn")
 
 DTYPES = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-POINTER_ARGS = ("Y", "X", "W", "B", "DB", "WS")
-#: Kernel argument -> tensor, per layout (see the module docstring).
+POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS")
+#: A kernel argument's array per layout (codegen.launch.LAYOUT_SLOTS names them) -> the tensor it is here.
 OPERANDS = {
     Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias"},
-    Layout.grad_input: {"Y": "grad_x", "X": "grad_y", "W": "weight"},
-    Layout.grad_weight: {"Y": "grad_weight", "X": "grad_y", "W": "x", "B": "grad_bias", "DB": "grad_bias"},
+    Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight"},
+    Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias"},
 }
+#: The GEMM's own output per layout (zeroed first where the plan says so).
+OUTPUT = {Layout.forward: "y", Layout.grad_input: "grad_x", Layout.grad_weight: "grad_weight"}
 
 
 class _Compiled:
@@ -71,7 +73,7 @@ class _Compiled:
         """Launch the manifest's kernels on ``tensors`` (by role), on torch's current stream."""
         driver = self.cuda.driver
         p = self.problem
-        out = tensors[OPERANDS[p.layout]["Y"]]
+        out = tensors[OUTPUT[p.layout]]
         if self.zero_first:
             out.zero_()
         ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device) if self.workspace else None

@@ -63,6 +63,8 @@ class Problem:
         object.__setattr__(self, "bias", bool(self.bias))
         if not isinstance(self.block, int) or isinstance(self.block, bool) or self.block < 0:
             raise ValueError(f"block must be an integer >= 0 (0: dense W), got {self.block!r}")
+        if self.layout is Layout.grad_input and self.bias:
+            raise ValueError("the grad_input layout has no bias (db = sum of dY comes with grad_weight)")
         object.__setattr__(self, "density", float(self.density))
         if self.block == 0 and (self.density != 1.0 or self.pattern):
             raise ValueError("a dense problem (block 0) has density 1 and no pattern")
@@ -89,9 +91,10 @@ class Problem:
     @property
     def min_bytes(self) -> float:
         """Each input read once (W's kept blocks only, with their 4-byte column indices), the output
-        written once."""
+        written once; the bias is b[N] read (forward) or db[M] written (grad_weight)."""
         w = self.n * self.k * self.density
-        elems = self.m * self.k + w + self.m * self.n + (self.n if self.bias else 0)
+        bias = (self.m if self.layout is Layout.grad_weight else self.n) if self.bias else 0
+        elems = self.m * self.k + w + self.m * self.n + bias
         index = 4 * w / (self.block * self.block) if self.sparse else 0.0
         return float(elems * self.dtype.itemsize + index)
 

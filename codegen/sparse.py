@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 
 __all__ = ["BLOCKS", "Pattern", "WeightsError", "from_dense", "load_weights", "lookup", "probe_pattern",
            "problem_for", "prune_blocks", "register"]
@@ -145,6 +145,10 @@ class Pattern:
         rows = np.repeat(np.arange(self.block_rows), self.row_counts)
         return np.ascontiguousarray(tiles[rows, self.indices])
 
+    def transpose(self) -> Pattern:
+        """The pattern of Wᵀ [k, n]: block (r, c) kept here is block (c, r) kept there."""
+        return Pattern.from_mask(self.mask().T, self.k, self.n, self.block)
+
     def to_dict(self) -> dict:
         return {"n": self.n, "k": self.k, "block": self.block, "indptr": self.indptr.tolist(),
                 "indices": self.indices.tolist()}
@@ -173,10 +177,16 @@ def lookup(problem_or_hash: Problem | str) -> Pattern:
                           "codegen.sparse.problem_for (or register its pattern)") from None
 
 
-def problem_for(m: int, pattern: Pattern, dtype: DType | str = DType.fp32, bias: bool = False) -> Problem:
-    """The problem ``Y = X·Wᵀ (+ b)`` with W block-sparse on ``pattern`` (registered here)."""
-    return Problem(m, pattern.n, pattern.k, DType(dtype), bias=bias, block=pattern.block,
-                   density=pattern.density, pattern=register(pattern))
+def problem_for(m: int, pattern: Pattern, dtype: DType | str = DType.fp32, bias: bool = False,
+                layout: Layout | str = Layout.forward) -> Problem:
+    """The problem ``Y = X·Wᵀ (+ b)`` with the layer's W [out, in] block-sparse on ``pattern``
+    (registered here); with ``layout`` grad_input, ``dX = dY·W`` on the same W (N = in, K = out)."""
+    layout = Layout(layout)
+    if layout is Layout.grad_weight:
+        raise ValueError("a block-sparse W is generated for the forward and grad_input layouts, not grad_weight")
+    n, k = (pattern.k, pattern.n) if layout is Layout.grad_input else (pattern.n, pattern.k)
+    return Problem(m, n, k, DType(dtype), layout, bias=bias, block=pattern.block, density=pattern.density,
+                   pattern=register(pattern))
 
 
 def probe_pattern(n: int, k: int, block: int) -> Pattern:

@@ -10,9 +10,9 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 
-__all__ = ["DeviceLimits", "KernelSpec", "SpecData", "sparse_rules"]
+__all__ = ["DeviceLimits", "KernelSpec", "LAYOUT_OF_SUFFIX", "LAYOUT_SUFFIX", "SpecData", "layout_rules", "sparse_rules"]
 
 #: Block sizes a block-sparse W may have (codegen.sparse.BLOCKS).
 SPARSE_BLOCKS = (16, 32, 64)
@@ -26,6 +26,23 @@ def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False) ->
         why.append(f"a block tile spans one block row: bn must equal the block ({block}), got {bn}")
     if block % bk and not (blocks_per_tile and bk % block == 0):
         why.append(f"bk {bk} must divide the block ({block})" + (" or be a multiple of it" if blocks_per_tile else ""))
+    return why
+
+
+#: What a kernel name adds for each backward layout (forward names carry none), and back.
+LAYOUT_SUFFIX = {Layout.forward: "", Layout.grad_input: "_gi", Layout.grad_weight: "_gw"}
+LAYOUT_OF_SUFFIX = {"": Layout.forward, "gi": Layout.grad_input, "gw": Layout.grad_weight}
+
+
+def layout_rules(layout: Layout, bias: bool, block: int) -> list[str]:
+    """What the backward GEMMs of a family that generates them cannot be: the input gradient has no
+    bias term (db comes with the weight gradient), and the weight gradient of a block-sparse W
+    (its kept blocks only) is not generated."""
+    why = []
+    if layout is Layout.grad_input and bias:
+        why.append("the grad_input layout has no bias (db = sum of dY comes with grad_weight)")
+    if layout is Layout.grad_weight and block:
+        why.append("a block-sparse W is generated for the forward and grad_input layouts, not grad_weight")
     return why
 
 
@@ -74,14 +91,17 @@ class KernelSpec(Protocol):
 
 
 class SpecData:
-    """What every family's frozen spec dataclass does alike: coerce ``dtype`` and ``bias``, refuse
-    values of the wrong type, and round-trip through a plain dict that names its family."""
+    """What every family's frozen spec dataclass does alike: coerce ``dtype``, ``bias`` and (in
+    families that generate the backward GEMMs) ``layout``, refuse values of the wrong type, and
+    round-trip through a plain dict that names its family."""
 
     family: ClassVar[str]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "bias", bool(self.bias))
+        if hasattr(self, "layout"):
+            object.__setattr__(self, "layout", Layout(self.layout))
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
@@ -94,6 +114,8 @@ class SpecData:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["dtype"] = self.dtype.value
+        if hasattr(self, "layout"):
+            d["layout"] = self.layout.value
         d["family"] = self.family
         return d
 

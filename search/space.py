@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from codegen import families
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
 
 __all__ = ["Space", "narrowings", "point_of", "seeds", "space_for", "to_spec"]
@@ -70,8 +70,10 @@ def _module(family: str):
     return spaces.get(family)
 
 
-def space_for(family: str, dtype: DType, restricted: bool | str = False, block: int = 0) -> Space:
-    """The family's space for ``dtype`` (and a W block-sparse in ``block``-sized blocks, 0: dense);
+def space_for(family: str, dtype: DType, restricted: bool | str = False, block: int = 0,
+              layout: Layout | str = Layout.forward) -> Space:
+    """The family's space for ``dtype`` (and a W block-sparse in ``block``-sized blocks, 0: dense;
+    and the linear layer's GEMM ``layout``, where the family generates the backward ones);
     ``restricted`` narrows it to what sweeps record: True (or "restricted") the family's RESTRICTED
     narrowing, another name one of its NARROWINGS (larger ones, recorded for harder replays)."""
     module = _module(family)
@@ -79,7 +81,14 @@ def space_for(family: str, dtype: DType, restricted: bool | str = False, block: 
     if takes is not None and DType(dtype) not in takes:
         raise ValueError(f"the {family} family takes {', '.join(d.value for d in takes)} problems, not "
                          f"{DType(dtype).value} (choose --dtype or another --family)")
-    space = module.space(dtype, block)
+    layout = Layout(layout)
+    if layout is Layout.forward:
+        space = module.space(dtype, block)
+    elif not families.takes_layouts(family):
+        raise ValueError(f"the {family} family generates the forward layout only, not {layout.value}; choose "
+                         f"--family " + " or ".join(n for n in families.names() if families.takes_layouts(n)))
+    else:
+        space = module.space(dtype, block, layout=layout)
     if not restricted:
         return space
     narrowings = {"restricted": module.RESTRICTED, **getattr(module, "NARROWINGS", {})}
@@ -107,6 +116,7 @@ def point_of(spec: KernelSpec) -> dict:
 
 def seeds(family: str, block: int = 0) -> list[dict]:
     """Known-good points of the family's space, tried first by a new search (for a block-sparse W,
-    the family's SPARSE_SEEDS where it has them)."""
+    the family's SPARSE_SEEDS where it has them). The backward layouts start from the forward
+    seeds (no backward kernel has been timed yet); those their rules refuse are left out."""
     module = _module(family)
     return [dict(p) for p in (getattr(module, "SPARSE_SEEDS", []) if block else module.SEEDS)]

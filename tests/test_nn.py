@@ -371,6 +371,28 @@ def test_the_forward_launch_passes_each_operand_where_the_manifest_names_it(monk
         assert torch.count_nonzero(t["y"]) == 0
 
 
+@pytest.mark.parametrize("dtype", [DType.fp32, DType.bf16])
+def test_the_backward_launches_pass_each_gradient_where_the_manifest_names_it(monkeypatch, dtype):
+    """grad_input (DX, DY, W) and grad_weight (DW, DY, X, then the db kernel's DB, DY) from the seeds."""
+    td = torch.float32 if dtype is DType.fp32 else torch.bfloat16
+    gemms = linear_problems(67, 91, 45, dtype, True)
+    t = {"grad_x": torch.full((67, 91), float("nan"), dtype=td), "grad_y": torch.randn(67, 45).to(td),
+         "weight": torch.randn(45, 91).to(td), "grad_weight": torch.full((45, 91), float("nan"), dtype=td),
+         "x": torch.randn(67, 91).to(td), "grad_bias": torch.full((45,), float("nan"), dtype=td)}
+    want = {Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight"},
+            Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias"}}
+    for layout, names in want.items():
+        manifest, launches, _ = _recorded_launches(monkeypatch, gemms[layout], None, t)
+        seen = {}
+        for step, launch in zip(manifest["kernels"], launches, strict=True):
+            for a, v in zip(step["args"], launch["args"], strict=True):
+                if a["name"] in names:
+                    seen[a["name"]] = v.value
+        assert seen == {arg: t[role].data_ptr() for arg, role in names.items()}, layout
+        if layout is Layout.grad_weight:
+            assert manifest["kernels"][-1]["symbol"].endswith("_db")
+
+
 def test_tensor_maps_are_encoded_over_their_operands_and_a_persistent_grid_is_capped(monkeypatch):
     """The hopper seed for 67x45x91: a pack prepass into the workspace, then a persistent kernel
     reading tensor maps (over the workspace)."""

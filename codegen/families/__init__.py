@@ -20,11 +20,12 @@ from typing import Any
 from codegen.spec import KernelSpec
 
 __all__ = ["compile_target", "family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name",
-           "takes_sparse", "variant_fields"]
+           "takes_layouts", "takes_sparse", "variant_fields"]
 
 #: Fields the problem sets (``block``, W's sparse block size with 0 for a dense W, only in families
-#: with block-sparse variants); a family's other fields are its variant fields.
-COMMON_FIELDS = ("dtype", "bias", "block")
+#: with block-sparse variants; ``layout``, which GEMM of the linear layer, only in families that
+#: generate the backward ones); a family's other fields are its variant fields.
+COMMON_FIELDS = ("dtype", "bias", "block", "layout")
 
 
 def plugin_modules(path, package: str, what: str) -> dict[str, ModuleType]:
@@ -95,6 +96,11 @@ def spec_from_name(name: str) -> KernelSpec:
 def takes_sparse(name: str) -> bool:
     """Whether family ``name`` has block-sparse variants (its Spec has a ``block`` field)."""
     return any(f.name == "block" for f in dataclasses.fields(get(name).Spec))
+
+
+def takes_layouts(name: str) -> bool:
+    """Whether family ``name`` generates the backward GEMMs (its Spec has a ``layout`` field)."""
+    return any(f.name == "layout" for f in dataclasses.fields(get(name).Spec))
 
 
 def variant_fields(name: str) -> list[dataclasses.Field]:

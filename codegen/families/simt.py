@@ -11,16 +11,23 @@ from dataclasses import dataclass, field
 
 from codegen.launch import (
     BSR_ARGS,
+    BSR_GI_ARGS,
+    DB_COLS,
+    DB_ROWS,
+    LAYOUT_SLOTS,
     MAIN_ARGS,
     SPARSE_ARGS,
     KernelLaunch,
     LaunchPlan,
+    db_launch,
+    db_rule,
+    layout_args,
     reduce_launch,
     reduce_rule,
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import DeviceLimits, SpecData, sparse_rules
+from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, layout_rules, sparse_rules
 
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
@@ -71,6 +78,7 @@ class Spec(SpecData):
     reduce: str = field(default="none", metadata={"choices": REDUCES,
                                                   "help": "split-K reduction: none (split_k 1), atomic, two_pass"})
     block: int = field(default=0, metadata=_help("W block-sparse in block x block blocks (BSR); 0: dense W"))
+    layout: Layout = field(default=Layout.forward, metadata=_help("which GEMM of the linear layer"))
 
     family = NAME
 
@@ -83,13 +91,14 @@ class Spec(SpecData):
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
             f"_p{self.pad}_v{self.vec}_s{self.stages}{'c' if self.copy == 'async' else ''}"
             f"_g{self.group_m}_k{self.split_k}{red}{f'_bsr{self.block}' if self.block else ''}"
+            f"{LAYOUT_SUFFIX[self.layout]}"
         )
 
     _NAME = re.compile(
         r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
         r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
-        r"(?:_bsr(?P<block>\d+))?"
+        r"(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -104,12 +113,29 @@ class Spec(SpecData):
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
             copy="async" if g.pop("copy") else "reg",
             block=int(g.pop("block") or 0),
+            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
             **{k: int(v) for k, v in g.items()},
         )
         assert spec.name == name
         return spec
 
     # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def a_t(self) -> bool:
+        """Whether the left operand is stored k-outer ([K][M], grad_weight's dY), not k-contiguous."""
+        return self.layout is Layout.grad_weight
+
+    @property
+    def w_t(self) -> bool:
+        """Whether the right operand is stored k-outer ([K][N]: a dense W in grad_input, X in
+        grad_weight). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
+        return self.layout is Layout.grad_weight or (self.layout is Layout.grad_input and not self.block)
+
+    def _async_tile(self, rows: int, outer: bool) -> int:
+        """Elements of one async stage of an operand tile: [rows][bk + pad] k-contiguous, or
+        [bk][rows + pad] for an operand stored k-outer (cp.async runs along its rows)."""
+        return self.bk * (rows + self.pad) if outer else rows * (self.bk + self.pad)
+
     @property
     def lanes_m(self) -> int:
         return self.wm // self.tm
@@ -171,7 +197,8 @@ class Spec(SpecData):
         if self.stages == 0:
             return 0
         if self.copy == "async":
-            return self.dtype.itemsize * self.stages * (self.bm + self.bn) * (self.bk + self.pad)
+            return self.dtype.itemsize * self.stages * (self._async_tile(self.bm, self.a_t)
+                                                        + self._async_tile(self.bn, self.w_t))
         return 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad))
 
     @property
@@ -216,6 +243,7 @@ class Spec(SpecData):
             why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why
+        why += layout_rules(self.layout, self.bias, self.block)
         if self.block:
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:
@@ -231,6 +259,13 @@ class Spec(SpecData):
         else:
             if self.bk % self.vec:
                 why.append(f"vec {self.vec} does not divide bk {self.bk}")
+            for side, rows, outer in (("bm", self.bm, self.a_t), ("bn", self.bn, self.w_t)):
+                if outer and rows % self.vec:  # a k-outer operand is loaded in runs along its rows
+                    why.append(f"vec {self.vec} does not divide {side} {rows} (the {self.layout.value} layout loads "
+                               f"that operand in runs along {side})")
+                if outer and self.copy == "async" and (rows + self.pad) * self.dtype.itemsize % 16:
+                    why.append(f"async tiles of a k-outer operand need ({side} + pad) * {self.dtype.itemsize} B a "
+                               f"multiple of 16")
             if self.copy == "async":
                 row_bytes = (self.bk + self.pad) * self.dtype.itemsize
                 if self.vec * self.dtype.itemsize not in (4, 8, 16):
@@ -255,8 +290,8 @@ class Spec(SpecData):
         elif self.reduce == "atomic" and self.dtype is not DType.fp32:
             why.append("atomic split-K reduction needs fp32 output")
         if problem is not None:
-            if problem.layout is not Layout.forward:
-                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
+            if problem.layout is not self.layout:
+                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
@@ -271,6 +306,26 @@ class Spec(SpecData):
 
 
 # ---- template values ------------------------------------------------------------------------------
+def _row_condition(spec: Spec, unit: str) -> str:
+    """When every row of both operands starts ``unit``-aligned, as a C condition: the row length of
+    each (K if k-contiguous, else M or N; a BSR W's blocks are always aligned)."""
+    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
+    return "(" + " && ".join(f"{d} % {unit} == 0" for d in dims) + ")"
+
+
+def _comment(spec: Spec) -> str:
+    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
+
+
+#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
+COMMENT = {
+    Layout.forward: "",
+    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
+    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
+    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
+}
+
+
 def template_values(spec: Spec) -> dict:
     """Every number templates/simt.cu.j2 uses, derived here once (the template only spells CUDA)."""
     size = spec.dtype.itemsize
@@ -291,12 +346,20 @@ def template_values(spec: Spec) -> dict:
         kv=spec.kv, frag_k_t=LOAD_TYPE[spec.kv * size],
         cp_bytes=spec.vec * size, cp_cache="cg" if spec.vec * size == 16 else "ca",
         subs=spec.block // spec.bk if spec.block else 0,
+        # the backward layouts: an operand stored k-outer is loaded in VEC-wide runs along its rows,
+        # `runs` to a k row of the tile; the bias is db (a kernel of its own), never added to dW
+        a_t=spec.a_t, w_t=spec.w_t, a_runs=spec.bm // spec.vec, w_runs=spec.bn // spec.vec,
+        bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec),
+        vec_cond=_row_condition(spec, "VEC"),  # every row of both operands VEC-aligned
     )  # fmt: skip
     if spec.copy == "async":
         sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
+        a_stage, w_stage = spec._async_tile(spec.bm, spec.a_t), spec._async_tile(spec.bn, spec.w_t)
         values.update(
-            sk=sk, a_stage=spec.bm * sk, w_stage=spec.bn * sk, w_offset=spec.stages * spec.bm * sk,
-            a_row_step=spec.lanes_m * sk, w_row_step=spec.lanes_n * sk,
+            sk=sk, a_stage=a_stage, w_stage=w_stage, w_offset=spec.stages * a_stage,
+            a_row_step=spec.lanes_m * (1 if spec.a_t else sk), w_row_step=spec.lanes_n * (1 if spec.w_t else sk),
+            sat=spec.bm + spec.pad, swt=spec.bn + spec.pad,  # row strides of k-outer tiles
             prefetch=spec.stages - 1, wait_groups=spec.stages - 2,
         )  # fmt: skip
     else:
@@ -316,12 +379,15 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         grid=(grid_m * grid_n, spec.split_k, 1),
         block=(spec.threads, 1, 1),
         smem=spec.smem_bytes,
-        args=SPARSE_ARGS if spec.block else MAIN_ARGS,
+        args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS, spec.layout, sparse=bool(spec.block)),
     )
-    if spec.reduce != "two_pass":
-        return LaunchPlan(launches=(main,), zero_output=spec.reduce == "atomic")
-    return LaunchPlan(launches=(main, reduce_launch(spec.name, spec.split_k, problem)),
-                      workspace_bytes=workspace_bytes(spec.split_k, problem))
+    launches = [main]
+    if spec.reduce == "two_pass":
+        launches.append(reduce_launch(spec.name, spec.split_k, problem))
+    if spec.bias and spec.layout is Layout.grad_weight:
+        launches.append(db_launch(spec.name, problem))
+    return LaunchPlan(launches=tuple(launches), zero_output=spec.reduce == "atomic",
+                      workspace_bytes=workspace_bytes(spec.split_k, problem) if spec.reduce == "two_pass" else 0)
 
 
 def grid_rule(spec: Spec) -> str:
@@ -329,9 +395,14 @@ def grid_rule(spec: Spec) -> str:
     rule = (f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
             f"block = ({spec.threads}, 1, 1)")
     if spec.block:
-        rule += "; " + BSR_ARGS.format(block=spec.block)
+        rule += "; " + (BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block)
     if spec.reduce == "two_pass":
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
     if spec.reduce == "atomic":
         rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
+    if spec.layout is not Layout.forward:
+        slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
+        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null"
+    if spec.bias and spec.layout is Layout.grad_weight:
+        rule += "; then " + db_rule(spec.name)
     return rule

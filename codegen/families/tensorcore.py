@@ -24,11 +24,18 @@ from typing import ClassVar
 
 from codegen.launch import (
     BSR_ARGS,
+    BSR_GI_ARGS,
+    DB_COLS,
+    DB_ROWS,
+    LAYOUT_SLOTS,
     MAIN_ARGS,
     PACK_THREADS,
     SPARSE_ARGS,
     KernelLaunch,
     LaunchPlan,
+    db_launch,
+    db_rule,
+    layout_args,
     pack_launch,
     pack_rule,
     packed_k,
@@ -37,7 +44,7 @@ from codegen.launch import (
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import DeviceLimits, SpecData, sparse_rules
+from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, layout_rules, sparse_rules
 
 NAME = "tensorcore"
 DTYPES = (DType.bf16, DType.fp16, DType.tf32)
@@ -75,6 +82,7 @@ class Spec(SpecData):
     reduce: str = field(default="none", metadata={"choices": REDUCES, "help": "split-K reduction"})
     prepass: str = field(default="none", metadata={"choices": PREPASSES, "help": "pack rows to 16 bytes first"})
     block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
+    layout: Layout = field(default=Layout.forward, metadata={"help": "which GEMM of the linear layer"})
 
     family: ClassVar[str] = NAME
 
@@ -87,14 +95,14 @@ class Spec(SpecData):
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}x{self.warps_k}"
             f"_s{self.stages}{'x' if self.smem == 'swizzle' else 'p'}_e{self.epilogue[0]}"
             f"_g{self.group_m}_k{self.split_k}{red}{'_pk' if self.prepass == 'pack' else ''}"
-            f"{f'_bsr{self.block}' if self.block else ''}"
+            f"{f'_bsr{self.block}' if self.block else ''}{LAYOUT_SUFFIX[self.layout]}"
         )
 
     _NAME = re.compile(
         r"tc_(?P<dtype>bf16|fp16|tf32)_(?P<bias>bias|nobias)_(?P<mma>mma|wmma)"
         r"_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_w(?P<wm>\d+)x(?P<wn>\d+)x(?P<warps_k>\d+)"
         r"_s(?P<stages>\d+)(?P<smem>[xp])_e(?P<epilogue>[ds])_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
-        r"(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
+        r"(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -112,6 +120,7 @@ class Spec(SpecData):
             reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
             prepass="pack" if g.pop("prepass") else "none",
             block=int(g.pop("block") or 0),
+            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -165,6 +174,30 @@ class Spec(SpecData):
         return self.bk + (self.chunk_elems if self.smem == "pad" else 0)
 
     @property
+    def a_t(self) -> bool:
+        """Whether the left operand is stored k-outer ([K][M], grad_weight's dY), not k-contiguous."""
+        return self.layout is Layout.grad_weight
+
+    @property
+    def w_t(self) -> bool:
+        """Whether the right operand is stored k-outer ([K][N]: a dense W in grad_input, X in
+        grad_weight). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
+        return self.layout is Layout.grad_weight or (self.layout is Layout.grad_input and not self.block)
+
+    def outer_stride(self, rows: int) -> int:
+        """Shared row stride of a k-outer operand's tile [bk][rows], in elements: rows (+ a 16-byte pad)."""
+        return rows + (self.chunk_elems if self.smem == "pad" else 0)
+
+    @property
+    def a_tile(self) -> int:
+        """Elements of one stage's X tile: [bm][row_stride], or [bk][outer_stride(bm)] k-outer."""
+        return self.bk * self.outer_stride(self.bm) if self.a_t else self.bm * self.row_stride
+
+    @property
+    def w_tile(self) -> int:
+        return self.bk * self.outer_stride(self.bn) if self.w_t else self.bn * self.row_stride
+
+    @property
     def staged(self) -> bool:
         """Whether accumulators pass through a shared fp32 tile (wmma, slice-K or a staged epilogue)."""
         return self.mma == "wmma" or self.warps_k > 1 or self.epilogue == "smem"
@@ -175,7 +208,7 @@ class Spec(SpecData):
 
     @property
     def pipeline_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * self.row_stride * self.elem
+        return self.stages * (self.a_tile + self.w_tile) * self.elem
 
     @property
     def smem_bytes(self) -> int:
@@ -228,6 +261,18 @@ class Spec(SpecData):
             why.append("reduce is 'none' exactly when split_k is 1")
         elif self.reduce == "atomic" and self.dtype is not DType.tf32:
             why.append("atomic split-K needs an fp32 output (tf32); use two_pass for 16-bit outputs")
+        why += layout_rules(self.layout, self.bias, self.block)
+        if self.layout is not Layout.forward:
+            if self.dtype is DType.tf32:
+                why.append(f"the {self.layout.value} layout is generated for bf16 and fp16 (its k-outer operands are "
+                           f"read by ldmatrix.trans, which moves 16-bit elements), not tf32")
+            if self.prepass != "none":
+                why.append(f"the {self.layout.value} layout has no pack prepass: prepass must be 'none'")
+            for side, rows, outer in (("bm", self.bm, self.a_t), ("bn", self.bn, self.w_t)):
+                chunks = rows // self.chunk_elems
+                if outer and (rows % self.chunk_elems or chunks & (chunks - 1)):
+                    why.append(f"a k-outer operand's tile rows are 16-byte chunks along {side}: {side} {rows} must make "
+                               f"a power-of-two number of them")
         if self.block:
             why += sparse_rules(self.block, self.bn, self.bk, blocks_per_tile=True)
             if self.prepass != "none":
@@ -243,8 +288,8 @@ class Spec(SpecData):
         elif self.regs_estimate * self.threads > limits.regs_per_block:
             why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
         if problem is not None:
-            if problem.layout is not Layout.forward:
-                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
+            if problem.layout is not self.layout:
+                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
@@ -267,6 +312,31 @@ MMA_PTX = {
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2", DType.tf32: "float2"}
 
 
+#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
+COMMENT = {
+    Layout.forward: "",
+    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
+    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
+    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
+}
+
+
+def _row_condition(spec: Spec) -> str:
+    """When 16-byte cp.async is safe, as a C condition: the row length of each operand a whole
+    number of chunks (K if k-contiguous, else M or N)."""
+    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
+    return " && ".join(f"{d} % CE == 0" for d in dims)
+
+
+def _comment(spec: Spec) -> str:
+    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
+
+
+def _shift(chunks: int) -> int:
+    """Swizzle shift of a tile with ``chunks`` 16-byte chunks per row: log2 of rows per 128-byte line."""
+    return max(1, 8 // max(chunks, 1)).bit_length() - 1
+
+
 def template_values(spec: Spec) -> dict:
     """Every number the template uses, computed here once."""
     values = spec.to_dict()
@@ -284,14 +354,23 @@ def template_values(spec: Spec) -> dict:
         frag_n=spec.wn // spec.inst_n,
         k_steps_per_warp=spec.bk // spec.k_step // spec.warps_k,
         row_stride=spec.row_stride,
-        stage_elems=(spec.bm + spec.bn) * spec.row_stride,
-        w_offset=spec.bm * spec.row_stride,
+        stage_elems=spec.a_tile + spec.w_tile,
+        w_offset=spec.a_tile,
         a_chunks=spec.bm * spec.chunks,
         w_chunks=spec.bn * spec.chunks,
         a_iters=-(-spec.bm * spec.chunks // spec.threads),
         w_iters=-(-spec.bn * spec.chunks // spec.threads),
         swizzle_shift=rows_per_line.bit_length() - 1,
         swizzle_mask=min(spec.chunks, 8) - 1,
+        # the backward layouts: k-outer operands' tiles [bk][rows] (chunks along the rows), their
+        # strides, chunks per k row, swizzles; the bias is db (a kernel of its own), never added to dW
+        a_t=spec.a_t, w_t=spec.w_t,
+        sat=spec.outer_stride(spec.bm), swt=spec.outer_stride(spec.bn),
+        cha=spec.bm // spec.chunk_elems, chw=spec.bn // spec.chunk_elems,
+        a_shift=_shift(spec.bm // spec.chunk_elems), a_mask=min(spec.bm // spec.chunk_elems, 8) - 1,
+        w_shift=_shift(spec.bn // spec.chunk_elems), w_mask=min(spec.bn // spec.chunk_elems, 8) - 1,
+        bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec), align_cond=_row_condition(spec),
         staged=spec.staged,
         c_stride=spec.c_stride,
         out_vec=16 // spec.elem,
@@ -324,9 +403,12 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         launches.append(pack_launch(spec.name, spec.chunk_elems, problem))
         workspace += (problem.m + problem.n) * packed_k(spec.chunk_elems, problem.k) * spec.elem
     launches.append(KernelLaunch(symbol=spec.name, grid=(grid_m * grid_n, spec.split_k, 1), block=(spec.threads, 1, 1),
-                                 smem=spec.smem_bytes, args=SPARSE_ARGS if spec.block else MAIN_ARGS))
+                                 smem=spec.smem_bytes, args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS,
+                                                                        spec.layout, sparse=bool(spec.block))))
     if spec.reduce == "two_pass":
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
+    if spec.bias and spec.layout is Layout.grad_weight:
+        launches.append(db_launch(spec.name, problem))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, zero_output=spec.reduce == "atomic")
 
 
@@ -344,9 +426,14 @@ def grid_rule(spec: Spec) -> str:
     parts.append(f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
                  f"block = ({spec.threads}, 1, 1), dynamic shared memory {spec.smem_bytes} B")
     if spec.block:
-        parts.append(BSR_ARGS.format(block=spec.block))
+        parts.append((BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block))
     if spec.reduce == "two_pass":
         parts.append("then " + reduce_rule(spec.name, spec.split_k) + " (rounded up to 16 bytes)")
     if spec.reduce == "atomic":
         parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
+    if spec.layout is not Layout.forward:
+        slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
+        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null")
+    if spec.bias and spec.layout is Layout.grad_weight:
+        parts.append("then " + db_rule(spec.name))
     return "; ".join(parts)

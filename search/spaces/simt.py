@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from codegen.families.simt import Spec
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from search.space import Space
 
 NAME = "simt"
 
 
-def space(dtype: DType = DType.fp32, block: int = 0) -> Space:
+def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.forward) -> Space:
     """With a block-sparse W (``block`` > 0) the block tile spans one block row, so ``bn`` is the
-    block (not sampled), k-tiles divide the block, and tiles go through shared memory."""
+    block (not sampled), k-tiles divide the block, and tiles go through shared memory. The backward
+    layouts take the same dimensions (their k-outer operands are loaded in runs along bm or bn,
+    which ``Spec.check`` asks ``vec`` to divide)."""
     dims = {
         "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
         "bn": (32, 64, 128, 256),
@@ -83,7 +85,7 @@ def to_spec(point: dict, problem: Problem) -> Spec:
         p.update(bn=problem.block, block=problem.block)
     lanes_m = p.pop("lanes_m")
     p["reduce"] = p["reduce"] if p["split_k"] > 1 else "none"
-    return Spec(dtype=problem.dtype, bias=problem.bias, wm=lanes_m * p["tm"], wn=(32 // lanes_m) * p["tn"], **p)
+    return Spec(dtype=problem.dtype, bias=problem.bias, layout=problem.layout, wm=lanes_m * p["tm"], wn=(32 // lanes_m) * p["tn"], **p)
 
 
 def point_of(spec: Spec) -> dict:

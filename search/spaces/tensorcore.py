@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from codegen.families.tensorcore import Spec
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from search.space import Space
 
 NAME = "tensorcore"
 
 
-def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
+def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.forward) -> Space:
     """Everything the tensor-core template can express that is worth trying. With a block-sparse
     W (``block`` > 0) the block tile spans one block row, so ``bn`` is the block (not sampled),
-    and W needs no packing; a k-tile is part of a block or several whole blocks."""
+    and W needs no packing; a k-tile is part of a block or several whole blocks. The backward
+    layouts have no pack prepass."""
     dims = {
         "mma": ("mma", "wmma"),
         "bm": (16, 32, 64, 128, 256),
@@ -29,8 +30,10 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
         "reduce": ("atomic", "two_pass"),
         "prepass": ("none", "pack"),
     }
+    if block or Layout(layout) is not Layout.forward:
+        del dims["prepass"]
     if block:
-        del dims["bn"], dims["prepass"]
+        del dims["bn"]
         dims["wn"] = tuple(v for v in dims["wn"] if block % v == 0)
     return Space(NAME, dims)
 
@@ -89,10 +92,12 @@ SPARSE_SEEDS = [
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem. Choices a rule fixes are derived, not sampled:
     wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, a 16-bit output
-    a two-pass split-K, and no split-K no reduction."""
+    a two-pass split-K, no split-K no reduction, and a backward layout no pack prepass."""
     p = dict(point)
     if problem.block:
         p.update(bn=problem.block, prepass="none", block=problem.block)
+    if problem.layout is not Layout.forward:
+        p["prepass"] = "none"  # no pack prepass in the backward layouts (not a dimension of their space)
     if p["mma"] == "wmma":
         p.update(smem="pad", epilogue="smem")
     if p["warps_k"] > 1:
@@ -101,12 +106,12 @@ def to_spec(point: dict, problem: Problem) -> Spec:
         p["reduce"] = "none"
     elif problem.dtype is not DType.tf32:
         p["reduce"] = "two_pass"
-    return Spec(dtype=problem.dtype, bias=problem.bias, **p)
+    return Spec(dtype=problem.dtype, bias=problem.bias, layout=problem.layout, **p)
 
 
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in space(spec.dtype, spec.block).dims}
+    point = {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims}
     point["reduce"] = spec.reduce if spec.split_k > 1 else "two_pass"
     return point

@@ -1,0 +1,111 @@
+"""GPU tier: the linear layer's backward GEMMs (grad_input, grad_weight with db) are correct on
+awkward shapes: every output NaN-poisoned before the run and checked against float64, the odd-shape
+probe run with each; a plan that leaves an output unwritten is caught."""
+
+from __future__ import annotations
+
+import pytest
+
+import codegen.evaluate as evaluate
+from codegen import sparse
+from codegen.evaluate import Evaluator
+from codegen.families.simt import Spec as SimtSpec
+from codegen.families.tensorcore import Spec as TcSpec
+from codegen.launch import LaunchPlan
+from codegen.problem import DType, Layout, Problem, linear_problems
+
+pytestmark = pytest.mark.gpu
+
+GI, GW = Layout.grad_input, Layout.grad_weight
+QUICK = {"reps_min": 2, "reps_max": 2, "target_ms": 1.0}
+#: (batch, in, out) of a layer; each layout's GEMM takes its own M, N, K from linear_problems.
+LAYERS = [(1, 1, 1), (32, 4096, 4096), (67, 45, 91), (1025, 1023, 1021)]
+
+SIMT = [
+    dict(bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=2),  # register copies
+    dict(bm=32, bn=64, bk=32, wm=16, wn=32, tm=2, tn=8, pad=4, vec=2, stages=1, split_k=4, reduce="two_pass"),
+    dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),  # cp.async
+    dict(bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=0),  # straight from global memory
+]
+FP32_ONLY = [dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=4,
+                  reduce="atomic")]
+TC = [
+    dict(),  # 128x128x32, 8 warps, staged epilogue
+    dict(bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad"),
+    dict(bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, stages=4, split_k=2, reduce="two_pass"),
+    dict(mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32),
+]
+
+
+def _cases():
+    out = []
+    for layout in (GI, GW):
+        for bias in ((False,) if layout is GI else (False, True)):
+            for dt, variants in ((DType.fp32, SIMT + FP32_ONLY), (DType.bf16, SIMT), (DType.fp16, SIMT[::2])):
+                out += [SimtSpec(dtype=dt, bias=bias, layout=layout, **v) for v in variants]
+            for dt, variants in ((DType.bf16, TC), (DType.fp16, TC[::3])):  # fp16: the default and wmma
+                out += [TcSpec(dtype=dt, bias=bias, layout=layout, **v) for v in variants]
+    return out
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=120.0) as ev:
+        yield ev
+
+
+def test_every_case_is_a_valid_spec():
+    assert len(CASES) >= 40
+    for spec in CASES:
+        assert not spec.check(), (spec.name, spec.check())
+
+
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: s.name)
+def test_backward_gemms_are_correct(evaluator, spec):
+    for batch, fin, fout in LAYERS:
+        problem = linear_problems(batch, fin, fout, spec.dtype, spec.bias)[spec.layout]
+        result, _ = evaluator.evaluate(spec, problem)
+        if result["status"] == "invalid" and "k-tiles" in result["evidence"]:
+            continue  # split-K finer than K: refused before compile, by design
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
+
+
+#: Block-sparse W in grad_input (read as Wᵀ in BSR): (batch, in, out, density) of the layer.
+SPARSE_LAYERS = [(67, 45, 91, 0.5), (32, 4096, 4096, 0.25), (1025, 1023, 1021, 0.5)]
+SPARSE_GI = [
+    SimtSpec(dtype=DType.fp32, layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(dtype=DType.bf16, layout=GI, block=64, bn=64, bk=16, bm=64, wm=32, wn=64, tm=8, tn=8, copy="async",
+             stages=3, pad=8),
+    TcSpec(dtype=DType.bf16, layout=GI, block=32, bn=32, wn=32, bm=128, wm=64),
+    TcSpec(dtype=DType.fp16, layout=GI, block=16, bn=16, bk=64, wn=16, bm=64, wm=32),
+]
+
+
+@pytest.mark.parametrize("spec", SPARSE_GI, ids=lambda s: s.name)
+def test_sparse_grad_input_is_correct(evaluator, spec):
+    for batch, fin, fout, density in SPARSE_LAYERS:
+        pattern = sparse.Pattern.random(fout, fin, spec.block, density, seed=3)  # the layer's W [out, in]
+        problem = sparse.problem_for(batch, pattern, spec.dtype, layout=GI)
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+
+
+@pytest.mark.parametrize("drop", ["_db", "main"])
+def test_an_unwritten_output_is_caught(evaluator, monkeypatch, drop):
+    """A plan without the db kernel leaves db as NaN poison; one without the GEMM leaves dW."""
+    spec = SimtSpec(dtype=DType.fp32, bias=True, layout=GW, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8)
+    real = evaluate.plan
+
+    def planted(s, p) -> LaunchPlan:
+        full = real(s, p)
+        keep = tuple(x for x in full.launches if (x.symbol.endswith("_db")) != (drop == "_db"))
+        return LaunchPlan(launches=keep, workspace_bytes=full.workspace_bytes, zero_output=full.zero_output)
+
+    monkeypatch.setattr(evaluate, "plan", planted)
+    result, _ = evaluator.evaluate(spec, Problem(256, 192, 96, DType.fp32, GW, bias=True))
+    assert result["status"] == "nan_or_inf", result
+    assert (" DB:" in result["evidence"]) == (drop == "_db") and (" DW:" in result["evidence"]) == (drop == "main")

@@ -1,0 +1,472 @@
+"""CPU tier: the linear layer's backward GEMMs (layouts grad_input and grad_weight) in the SIMT and
+tensor-core families: names, refusals, data and references, launch plans, the command line, and
+NVRTC 13.0 builds for sm_80 and sm_90 without spills. Numerics run on a GPU (tests/gpu/test_layouts.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from codegen import cli, families, sass, sparse
+from codegen.compile import compile_source
+from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
+from codegen.evaluate import probe_for
+from codegen.families.simt import Spec as SimtSpec
+from codegen.families.tensorcore import Spec as TcSpec
+from codegen.launch import plan
+from codegen.problem import DType, Layout, Problem, linear_problems
+from codegen.render import render
+
+GI, GW = Layout.grad_input, Layout.grad_weight
+
+#: Forward sources as main rendered them before the backward layouts existed (sha256 of the text):
+#: the backward layouts must not change a byte of any forward kernel.
+FORWARD_PINS = {
+    SimtSpec(): "8bee36bb50415940cb46904ad8db4a5cbd0b2e556fffc9f7b6878d7224e5cd3a",
+    SimtSpec(dtype="bf16", bias=True, copy="async", pad=8, stages=3, bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8,
+             split_k=8, reduce="two_pass"): "469e8ad12dc6983ce90133c144b30e83887bfa6574a3efd618db858df142da59",
+    SimtSpec(dtype="fp32", bias=True, split_k=4, reduce="atomic"):
+        "4ea53f9fa97da8e7c9e52a8a0badabf31fcd30836e89e29d36d4e1f7bfa1f0e1",
+    SimtSpec(bk=1, pad=0, vec=1, stages=0, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8):
+        "288c74ad609d62412811a41400af231657e9f71a782c4f0b059e185918c6e635",
+    SimtSpec(dtype="fp16", block=64, bn=64, bk=16, wn=64, wm=32):
+        "b22abffdd0316c4e7ce82ade7f69e418c202fabdf4a605c6232b9694ea698351",
+    TcSpec(): "c9a1d7bc6f909091ffbc8d60d1620ca905421e232b97823bf1dcfab2f1519ac4",
+    TcSpec(dtype="fp16", bias=True, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32):
+        "e4a66f7abe7dc53dfcb5afa3471e5cfc27c53b46fe28f8ff47fb91e48ba84663",
+    TcSpec(dtype="tf32", bias=True, prepass="pack", split_k=2, reduce="atomic", epilogue="direct"):
+        "fd25581f970475fb6828cda524825664b103c7fefa6412ef37235b7c5fd118cf",
+    TcSpec(dtype="bf16", bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, split_k=2, reduce="two_pass"):
+        "a1eb9dab8715e11e09a30c2bad5e91c41ba1e4f14cc1feac4cc824f5329d4f67",
+    TcSpec(dtype="bf16", block=32, bn=32, wn=32, bm=128, wm=64):
+        "a57b4ed6e8bb86e3745d4f1ca29c5268c6afea3f00633513380892f55087d218",
+}
+
+#: Backward SIMT kernels covering every load path: register copies (double-buffered and single),
+#: cp.async (16-byte and fp32), no shared memory, and both split-K reductions.
+SIMT_BACKWARD = [
+    SimtSpec(layout=GI),
+    SimtSpec(layout=GW, bias=True),
+    SimtSpec(layout=GI, dtype="bf16", copy="async", pad=8, stages=3, bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8,
+             split_k=4, reduce="two_pass"),
+    SimtSpec(layout=GW, dtype="bf16", bias=True, copy="async", pad=8, stages=3, bm=64, bn=128, bk=32, wm=32, wn=64,
+             tm=8, tn=8),
+    SimtSpec(layout=GW, dtype="fp32", copy="async", pad=4, stages=4, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8,
+             split_k=2, reduce="atomic"),
+    SimtSpec(layout=GW, dtype="fp16", stages=1, bias=True, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GI, bk=1, pad=0, vec=1, stages=0, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+]
+
+#: Backward tensor-core kernels: ldmatrix.trans on swizzled and padded tiles, wmma, slice-K with a
+#: two-pass split-K, and db.
+TC_BACKWARD = [
+    TcSpec(layout=GI),
+    TcSpec(layout=GW, bias=True, dtype="fp16"),
+    TcSpec(layout=GW, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad"),
+    TcSpec(layout=GI, dtype="fp16", bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, split_k=2, reduce="two_pass"),
+    TcSpec(layout=GW, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32, bias=True),
+]
+
+
+# ---- identity ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", list(FORWARD_PINS), ids=lambda s: s.name)
+def test_forward_sources_are_byte_identical_to_main(spec):
+    assert spec.layout is Layout.forward and not spec.name.endswith(("_gi", "_gw"))
+    assert hashlib.sha256(render(spec).encode()).hexdigest() == FORWARD_PINS[spec]
+
+
+@pytest.mark.parametrize("spec", SIMT_BACKWARD, ids=lambda s: s.name)
+def test_backward_names_round_trip(spec):
+    suffix = {GI: "_gi", GW: "_gw"}[spec.layout]
+    assert spec.name.endswith(suffix)
+    assert families.spec_from_name(spec.name) == spec
+    assert families.spec_from_dict(spec.to_dict()) == spec
+    assert spec.to_dict()["layout"] == spec.layout.value
+    forward = SimtSpec.from_dict({**spec.to_dict(), "layout": "forward"})
+    assert forward.name == spec.name[: -len(suffix)] and forward != spec
+
+
+def test_tensorcore_backward_names_round_trip():
+    for layout in (GI, GW):
+        spec = TcSpec(layout=layout)
+        assert spec.name == TcSpec().name + {GI: "_gi", GW: "_gw"}[layout]
+        assert families.spec_from_name(spec.name) == spec == families.spec_from_dict(spec.to_dict())
+    for spec in TC_BACKWARD:
+        assert families.spec_from_name(spec.name) == spec
+
+
+def test_layout_is_set_by_the_problem_not_a_variant_option():
+    assert "layout" not in {f.name for f in families.variant_fields("simt")}
+    assert "layout" not in {f.name for f in families.variant_fields("tensorcore")}
+    assert families.takes_layouts("simt") and families.takes_layouts("tensorcore")
+    assert not families.takes_layouts("hopper")
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+def test_the_input_gradient_has_no_bias():
+    with pytest.raises(ValueError, match="grad_input layout has no bias"):
+        Problem(8, 8, 8, layout=GI, bias=True)
+    assert any("grad_input layout has no bias" in r for r in SimtSpec(layout=GI, bias=True).check())
+    assert any("grad_input layout has no bias" in r for r in TcSpec(layout=GI, bias=True).check())
+
+
+def test_a_block_sparse_weight_gradient_is_refused_clearly():
+    spec = SimtSpec(layout=GW, block=64, bn=64, bk=16, wn=64, wm=32)
+    assert any("forward and grad_input layouts, not grad_weight" in r for r in spec.check())
+    assert any("not grad_weight" in r for r in TcSpec(layout=GW, block=32, bn=32).check())
+    assert not SimtSpec(layout=GI, block=64, bn=64, bk=16, wn=64, wm=32).check()
+    with pytest.raises(ValueError, match="not grad_weight"):
+        sparse.problem_for(8, sparse.Pattern.random(64, 64, 32, 0.5), layout=GW)
+
+
+def test_spec_and_problem_must_agree_on_the_layout():
+    problem = Problem(64, 64, 64, layout=GW)
+    assert any("spec layout forward != problem layout grad_weight" in r for r in SimtSpec().check(problem))
+    assert not SimtSpec(layout=GW).check(problem)
+    assert any("layout" in r for r in TcSpec().check(Problem(64, 64, 64, DType.bf16, GI)))
+
+
+def test_a_k_outer_operand_needs_vec_to_divide_its_tile_side():
+    spec = SimtSpec(layout=GW, bm=2, bn=128, bk=8, wm=2, wn=128, tm=1, tn=8, vec=4, pad=4)  # 2x16 lanes: valid forward
+    assert not SimtSpec.from_dict({**spec.to_dict(), "layout": "forward"}).check()
+    assert any("vec 4 does not divide bm 2" in r for r in spec.check())
+    odd_pad = SimtSpec(layout=GI, copy="async", stages=3, dtype="bf16", bk=32, pad=4, bm=64, bn=128, wm=32, wn=64)
+    assert any("(bn + pad) * 2 B a multiple of 16" in r for r in odd_pad.check())
+
+
+def test_tensorcore_refuses_what_its_backward_kernels_do_not_do():
+    assert any("not tf32" in r for r in TcSpec(dtype="tf32", layout=GI).check())
+    assert any("no pack prepass" in r for r in TcSpec(layout=GW, prepass="pack").check())
+    assert not TcSpec(layout=GW).check(Problem(4097, 4095, 4093, DType.bf16, GW))
+    ok = TcSpec(layout=GW, bm=64, bn=64, wm=32, wn=32)
+    assert ok.pipeline_bytes == ok.stages * 32 * (64 + 64) * 2  # two [bk][64] k-outer bf16 tiles, swizzled (no pad)
+
+
+def test_hopper_refuses_the_backward_layouts():
+    hopper = families.get("hopper").Spec()
+    assert any("grad_input" in r for r in hopper.check(Problem(256, 256, 256, DType.bf16, GI)))
+
+
+# ---- data and references ---------------------------------------------------------------------------
+def test_linear_problems_name_the_gemm_dimensions():
+    fw, gi, gw = linear_problems(32, 4096, 1024, "bf16", bias=True).values()
+    assert (fw.m, fw.n, fw.k, fw.bias) == (32, 1024, 4096, True)
+    assert (gi.m, gi.n, gi.k, gi.bias, gi.layout) == (32, 4096, 1024, False, GI)
+    assert (gw.m, gw.n, gw.k, gw.bias, gw.layout) == (1024, 4096, 32, True, GW)
+
+
+def test_inputs_outputs_and_float64_references_per_layout():
+    batch, fin, fout = 5, 7, 3
+    probs = linear_problems(batch, fin, fout, "fp32", bias=True)
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (batch, fin)).astype(np.float32)
+    w = rng.uniform(-1, 1, (fout, fin)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (batch, fout)).astype(np.float32)
+    gi, gw = probs[GI], probs[GW]
+    assert input_shapes(gi) == {"DY": (batch, fout), "W": (fout, fin)}
+    assert output_shapes(gi) == {"DX": (batch, fin)}
+    assert input_shapes(gw) == {"DY": (batch, fout), "X": (batch, fin)}
+    assert output_shapes(gw) == {"DW": (fout, fin), "DB": (fout,)}
+    assert output_shapes(Problem(gw.m, gw.n, gw.k, layout=GW)) == {"DW": (fout, fin)}
+    np.testing.assert_allclose(references(gi, {"DY": dy, "W": w})["DX"], dy.astype(np.float64) @ w)
+    ref = references(gw, {"DY": dy, "X": x})
+    np.testing.assert_allclose(ref["DW"], dy.T.astype(np.float64) @ x)
+    np.testing.assert_allclose(ref["DB"], dy.astype(np.float64).sum(0))
+    for p in (gi, gw):
+        got = random_inputs(Problem(p.m, p.n, p.k, DType.bf16, p.layout, p.bias), rng)
+        assert {k: v.shape for k, v in got.items()} == input_shapes(p)
+        assert all(v.dtype == np.uint16 and np.all(to_float64(v, DType.bf16) != 0) for v in got.values())
+
+
+def test_the_odd_shape_probe_keeps_the_layout():
+    for p in (Problem(4096, 4096, 32, DType.bf16, GW, True), Problem(32, 4096, 4096, DType.fp32, GI)):
+        probe = probe_for(p, SimtSpec(layout=p.layout, dtype=p.dtype, bias=p.bias))
+        assert (probe.m, probe.n, probe.k, probe.layout, probe.bias) == (67, 45, 91, p.layout, p.bias)
+
+
+def test_min_bytes_count_db_for_the_weight_gradient():
+    gw = Problem(100, 10, 1000, DType.fp32, GW, bias=True)
+    assert gw.min_bytes == 4 * (100 * 1000 + 10 * 1000 + 100 * 10 + 100)
+
+
+# ---- launch plans ---------------------------------------------------------------------------------
+def test_plans_name_the_arrays_of_the_layout():
+    gi = plan(SimtSpec(layout=GI), Problem(67, 45, 91, layout=GI))
+    assert [s.args for s in gi.launches] == [("DX", "DY", "W", "B", "WS", "M", "N", "K")]
+    spec = SimtSpec(layout=GW, bias=True, split_k=2, reduce="two_pass")
+    gw = plan(spec, Problem(67, 45, 91, layout=GW, bias=True))
+    assert [s.symbol for s in gw.launches] == [spec.name, spec.name + "_reduce", spec.name + "_db"]
+    assert gw.launches[0].args[:3] == ("DW", "DY", "X") and gw.launches[1].args[0] == "DW"
+    db = gw.launches[2]
+    assert db.args == ("DB", "DY", "M", "K") and db.grid == (3, 1, 1) and db.block[0] >= 32
+    assert gw.workspace_bytes == 4 * 2 * 67 * 45
+    rule = families.get("simt").grid_rule(spec)
+    assert "DW, DY, X" in rule and "_db" in rule
+    atomic = plan(SimtSpec(layout=GW, split_k=2, reduce="atomic"), Problem(64, 64, 64, layout=GW))
+    assert atomic.zero_output and len(atomic.launches) == 1
+
+
+def test_export_manifests_carry_the_layout_and_the_arrays():
+    from codegen.export import manifest
+
+    spec = TcSpec(layout=GW, bias=True, split_k=2, reduce="two_pass")
+    doc = manifest(spec, Problem(4096, 4096, 32, DType.bf16, GW, bias=True), "sm_90")
+    assert doc["problem"]["layout"] == "grad_weight" and doc["spec"]["layout"] == "grad_weight"
+    assert [k["symbol"] for k in doc["kernels"]] == [spec.name, spec.name + "_reduce", spec.name + "_db"]
+    assert [a["name"] for a in doc["kernels"][0]["args"]][:3] == ["DW", "DY", "X"]
+    assert doc["kernels"][0]["args"][0]["type"] == "__nv_bfloat16*" and doc["kernels"][0]["args"][1]["type"] == \
+        "const __nv_bfloat16*"
+    assert doc["kernels"][2]["args"] == [{"name": "DB", "type": "__nv_bfloat16*"},
+                                         {"name": "DY", "type": "const __nv_bfloat16*"},
+                                         {"name": "M", "type": "int"}, {"name": "K", "type": "int"}]
+    assert "DW[M,N] = DY[K,M]^T * X[K,N]" in doc["arguments_note"] and "_db" in doc["grid_rule"]
+
+
+def test_backward_kernels_never_add_the_bias_to_the_gemm_output():
+    source = render(SimtSpec(layout=GW, bias=True))
+    assert "to_f(B[c])" not in source and "_db(T* __restrict__ DB" in source
+    assert "to_f(B[c])" in render(SimtSpec(bias=True))
+
+
+# ---- search space and command line ----------------------------------------------------------------------
+def test_spaces_map_points_to_specs_of_the_layout():
+    from search.space import point_of, seeds, space_for
+
+    for family, dtype in (("simt", DType.fp32), ("tensorcore", DType.bf16)):
+        space = space_for(family, dtype, layout=GW)
+        problem = Problem(256, 256, 64, dtype, GW, bias=True)
+        point = seeds(family)[0]
+        spec = space.spec(point, problem)
+        assert spec.layout is GW and spec.bias
+        assert space.spec(point_of(spec), problem) == spec
+    assert "prepass" not in space_for("tensorcore", DType.bf16, layout=GI).dims
+    gi = Problem(32, 4096, 4096, DType.bf16, GI)
+    tc_seeds = [space_for("tensorcore", DType.bf16, layout=GI).spec(p, gi) for p in seeds("tensorcore")]
+    assert all(s.prepass == "none" and s.layout is GI for s in tc_seeds) and any(not s.check(gi) for s in tc_seeds)
+    with pytest.raises(ValueError, match="forward layout only"):
+        space_for("hopper", DType.bf16, layout=GI)
+
+
+def _parse(argv):
+    return cli.build_parser(cli.family_asked(argv)).parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["compile", "bench", "search", "sweep", "export"])
+def test_every_problem_command_takes_layout(command):
+    extra = {"sweep": ["--out", "x.json"], "export": ["--out", "x", "--best"]}.get(command, [])
+    args = _parse([command, "--m", "64", "--n", "48", "--k", "32", "--layout", "grad_weight", "--bias", *extra])
+    problem = cli.problem_from_args(args)
+    assert (problem.layout, problem.bias, problem.key) == (GW, True, "64x48x32_fp32_grad_weight_bias")
+    if command in ("compile", "bench", "export"):  # the commands that take a variant
+        spec = cli.spec_from_args(args, problem)
+        assert spec.layout is GW and spec.name.endswith("_gw")
+    assert _parse([command, "--m", "1", "--n", "1", "--k", "1", *extra]).layout == "forward"
+
+
+def test_layout_usage_errors_exit_2(capsys):
+    base = ["compile", "--m", "64", "--n", "64", "--k", "64"]
+    assert cli.main([*base, "--layout", "grad_input", "--bias"]) == 2
+    assert "grad_input layout has no bias" in capsys.readouterr().err
+    assert cli.main([*base, "--layout", "grad_weight", "--block", "32", "--density", "0.5"]) == 2
+    assert "not grad_weight" in capsys.readouterr().err
+    assert cli.main([*base, "--layout", "grad_weight", "--family", "hopper"]) == 2
+    assert "forward layout only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*base, "--layout", "sideways"])
+    assert stop.value.code == 2
+    forward_kernel = SimtSpec().name
+    assert cli.main(["bench", "--m", "64", "--n", "64", "--k", "64", "--layout", "grad_input",
+                     "--kernel", forward_kernel, "--no-store"]) == 2
+    assert "layout=forward" in capsys.readouterr().err
+
+
+def test_compile_a_weight_gradient_with_db(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMSCAPE_CACHE", str(tmp_path))
+    code = cli.main(["compile", "--m", "64", "--n", "48", "--k", "32", "--layout", "grad_weight", "--bias",
+                     "--arch", "sm_90"])
+    out = capsys.readouterr().out
+    assert code == 0 and "_gw_db:" in out and "grad_weight" in out
+
+
+# ---- compiler tier ------------------------------------------------------------------------------------
+def _compile(job):
+    spec, arch = job
+    result = compile_source(render(spec), spec.name, arch, use_cache=False)
+    return spec.name, arch, result.report, sass.opcodes(sass.disassemble(result.cubin), spec.name)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    jobs = [(s, a) for s in SIMT_BACKWARD + TC_BACKWARD for a in ("sm_80", "sm_90")]
+    with concurrent.futures.ProcessPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        return {(name, arch): (report, ops) for name, arch, report, ops in pool.map(_compile, jobs)}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("spec", SIMT_BACKWARD, ids=lambda s: s.name)
+def test_simt_backward_kernels_compile_without_spills(compiled, spec):
+    assert not spec.check(Problem(4097, 4095, 4093, spec.dtype, spec.layout, spec.bias))
+    for arch in ("sm_80", "sm_90"):
+        report, ops = compiled[(spec.name, arch)]
+        expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
+            {spec.name + "_db"} if spec.bias else set())
+        assert set(report) == expected, (arch, report)
+        for fn, r in report.items():
+            assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)
+        assert ops["FFMA"] > 0
+        if spec.copy == "async":
+            assert ops["LDGSTS"] > 0, (arch, "cp.async missing")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("spec", TC_BACKWARD, ids=lambda s: s.name)
+def test_tensorcore_backward_kernels_compile_to_transposed_ldmatrix_without_spills(compiled, spec):
+    assert not spec.check(Problem(4097, 4095, 4093, spec.dtype, spec.layout, spec.bias))
+    source = render(spec)
+    assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in source) == (spec.mma == "mma")
+    for arch in ("sm_80", "sm_90"):
+        report, ops = compiled[(spec.name, arch)]
+        expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
+            {spec.name + "_db"} if spec.bias else set())
+        assert set(report) == expected, (arch, report)
+        for fn, r in report.items():
+            assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)
+        assert ops["HMMA"] > 0 and ops["LDGSTS"] > 0
+        if spec.mma == "mma":
+            assert ops["LDSM"] > 0
+
+
+# ---- numerics on the CPU (tests/cpu_cuda.py: the kernel as C++, threads as fibers) ----------------------
+#: Kernels run through the CPU emulation: every load path of both families in both backward layouts.
+EMULATED = [
+    SimtSpec(layout=GI),
+    SimtSpec(layout=GW, bias=True),
+    SimtSpec(layout=GW, stages=1, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GI, bk=1, pad=0, vec=1, stages=0, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GW, dtype="bf16", bias=True, copy="async", pad=8, stages=3, bm=64, bn=128, bk=32, wm=32, wn=64,
+             tm=8, tn=8),
+    SimtSpec(layout=GI, dtype="bf16", copy="async", pad=8, stages=3, bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8,
+             split_k=4, reduce="two_pass"),
+    SimtSpec(layout=GW, copy="async", pad=4, stages=4, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, split_k=2,
+             reduce="atomic"),
+    TcSpec(layout=GI),
+    TcSpec(layout=GW, bias=True, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad"),
+    TcSpec(layout=GW, bm=32, bn=16, bk=64, wm=16, wn=16, warps_k=2, stages=3, split_k=2, reduce="two_pass"),
+    TcSpec(layout=GI, dtype="fp16", bm=64, bn=128, wm=32, wn=64),
+    TcSpec(layout=GW, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32, warps_k=2, bias=True),
+    TcSpec(layout=GI, dtype="fp16", mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32),
+    SimtSpec(layout=GW, dtype="fp16", bias=True, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, vec=8),
+]
+#: An odd shape (unaligned rows: the element-wise loads) and an aligned one (16-byte copies).
+EMULATED_SHAPES = [(67, 45, 131), (72, 56, 136)]
+
+
+def _emulate(spec, shape, tmp_path, source=None):
+    from tests import cpu_cuda
+
+    problem = Problem(*shape, spec.dtype, spec.layout, spec.bias)
+    assert not spec.check(problem), spec.check(problem)
+    inputs = random_inputs(problem, np.random.default_rng(7))
+    got = cpu_cuda.run_plan(source or render(spec), plan(spec, problem), problem, inputs, output_shapes(problem),
+                            tmp_path / f"{spec.name}_{problem.key}")
+    ref = references(problem, inputs)
+    from codegen.data import compare
+
+    return {name: compare(problem, got[name], ref[name]) for name in ref}
+
+
+needs_gxx = pytest.mark.skipif(not __import__("shutil").which("g++"), reason="the CPU emulation needs g++")
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", EMULATED, ids=lambda s: s.name)
+def test_backward_kernels_are_correct_in_cpu_emulation(spec, tmp_path):
+    for shape in EMULATED_SHAPES:
+        for name, (status, evidence, _) in _emulate(spec, shape, tmp_path).items():
+            assert status == "ok", f"{spec.name} {shape} {name}: {evidence}"
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+def test_the_cpu_emulation_catches_a_wrong_operand_read(tmp_path):
+    """ldmatrix without .trans on a k-outer tile, and a dropped db kernel: the emulation must fail both."""
+    spec = TcSpec(layout=GW, bias=True, bm=64, bn=64, bk=32, wm=32, wn=32, epilogue="direct", smem="pad")
+    source = render(spec)
+    assert "ldmatrix_x4_trans(r," in source
+    result = _emulate(spec, EMULATED_SHAPES[1], tmp_path, source.replace("ldmatrix_x4_trans(r,", "ldmatrix_x4(r,"))
+    assert result["DW"][0] == "wrong_result" and result["DB"][0] == "ok"
+    dropped = source.replace("DB[c] = from_f(s);", "")
+    assert _emulate(spec, EMULATED_SHAPES[0], tmp_path, dropped)["DB"][0] == "nan_or_inf"
+
+
+# ---- block-sparse W in grad_input: dX = dY·W read as Wᵀ in BSR ----------------------------------------
+def _sparse_gi(m=67, out=96, fin=80, block=32, density=0.5, seed=3, dtype="fp32"):
+    """The grad_input problem of a layer with a block-sparse W [out, in] (N = in, K = out)."""
+    return sparse.problem_for(m, sparse.Pattern.random(out, fin, block, density, seed), dtype, layout=GI)
+
+
+def test_sparse_grad_input_problem_data_and_reference():
+    p = _sparse_gi()
+    assert (p.m, p.n, p.k, p.layout, p.block) == (67, 80, 96, GI, 32) and "_grad_input_bsr32" in p.key
+    inputs = random_inputs(p, np.random.default_rng(0))
+    pattern = sparse.lookup(p)
+    pt = pattern.transpose()
+    assert (pt.n, pt.k, pt.nnzb) == (80, 96, pattern.nnzb) and np.array_equal(pt.mask(), pattern.mask().T)
+    assert {k: v.shape for k, v in inputs.items()} == input_shapes(p)
+    np.testing.assert_array_equal(inputs["RP"], pt.indptr)
+    w = pt.expand(inputs["WT"]).T  # the layer's W [out, in], zeros outside the kept blocks
+    assert w.shape == (96, 80) and np.array_equal(w != 0, np.kron(pattern.mask(), np.ones((32, 32)))[:96, :80] != 0)
+    np.testing.assert_allclose(references(p, inputs)["DX"], inputs["DY"].astype(np.float64) @ w)
+    probe = probe_for(p)
+    assert (probe.m, probe.n, probe.k, probe.layout, probe.block) == (67, 45, 91, GI, 32)
+    assert sparse.lookup(probe).n == 91  # the probe's pattern is of W [out = K, in = N]
+
+
+def test_sparse_grad_input_plans_read_wt_with_its_index_arrays():
+    for spec in (SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+                 TcSpec(layout=GI, block=32, bn=32, wn=32, bm=128, wm=64)):
+        p = _sparse_gi(dtype=spec.dtype)
+        assert not spec.check(p) and spec.name.endswith("_bsr32_gi") and families.spec_from_name(spec.name) == spec
+        assert plan(spec, p).launches[0].args == ("DX", "DY", "WT", "B", "WS", "RP", "CI", "M", "N", "K")
+        assert "WT holds the kept blocks of Wᵀ[N,K]" in families.family_of(spec).grid_rule(spec)
+        assert "ldmatrix_x4_trans" not in render(spec)  # Wᵀ's blocks are k-contiguous: the forward loads
+
+
+def test_sparse_grad_input_from_the_command_line(tmp_path):
+    args = _parse(["bench", "--m", "16", "--n", "80", "--k", "96", "--layout", "grad_input", "--block", "32",
+                   "--density", "0.5"])
+    problem = cli.problem_from_args(args)
+    assert (problem.n, problem.k, problem.layout) == (80, 96, GI) and sparse.lookup(problem).n == 96
+    w = np.zeros((96, 80), dtype=np.float32)
+    w[:32, 32:64] = 1.0
+    np.save(tmp_path / "w.npy", w)
+    args = _parse(["bench", "--m", "16", "--layout", "grad_input", "--block", "32", "--weights", str(tmp_path / "w.npy")])
+    problem = cli.problem_from_args(args)
+    assert (problem.n, problem.k, problem.density) == (80, 96, 1 / 9)
+    assert cli.spec_from_args(args, problem).name.endswith("_bsr32_gi")
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", [
+    SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
+    SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, pad=4),
+    TcSpec(layout=GI, dtype="bf16", block=32, bn=32, wn=32, bm=64, wm=32),
+    TcSpec(layout=GI, dtype="bf16", block=16, bn=16, bk=64, wn=16, bm=64, wm=32),
+], ids=lambda s: s.name)
+def test_sparse_grad_input_is_correct_in_cpu_emulation(spec, tmp_path):
+    from tests import cpu_cuda
+
+    for m, fin, out in ((67, 45, 91), (40, 96, 128)):
+        p = _sparse_gi(m, out, fin, spec.block, 0.5, seed=5, dtype=spec.dtype)
+        inputs = random_inputs(p, np.random.default_rng(2))
+        got = cpu_cuda.run_plan(render(spec), plan(spec, p), p, inputs, output_shapes(p), tmp_path / p.key)
+        from codegen.data import compare
+
+        status, evidence, _ = compare(p, got["DX"], references(p, inputs)["DX"])
+        assert status == "ok", f"{spec.name} {p.key}: {evidence}"
