@@ -8,8 +8,10 @@ layer's ``forward`` alone (under no_grad), or ``train``, forward then backward w
 (``torch.autograd.grad`` for dX, dW, db). Both layers share one weight and bias, and are timed in
 alternating rounds, each call alone between CUDA events after an L2 flush. Kernels come from the
 bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
-search). A GEMM with no kernel runs torch's op (codegen.nn's fallback); each record says which GEMM
-ran what. Writes ``linear-<device>-<UTC date-time>.json`` (format: DESIGN.md; layout ``forward`` or
+search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
+torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
+of both layers is compared with float64 first; ours past the dtype's bound makes the record
+`wrong_result` with no ratio. Writes ``linear-<device>-<UTC date-time>.json`` (format: DESIGN.md; layout ``forward`` or
 ``train``, baseline ``torch_linear``) to benchmarks/results/ or DIR. About 40 s on an H200.
 """
 
@@ -68,13 +70,15 @@ def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_er
     """One DESIGN.md record: ours (which kernel ran each GEMM), the torch_linear baseline, the ratio."""
     mine, theirs = stats(ours), stats(base)
     named = [v for v in gemms.values() if v and not v.startswith("torch")]
+    wrong = check(case, rel_error)
     return {
         "problem": case.problem(),
         "ours": {"kernel": " + ".join(named) if named else None, "gemms": gemms, **mine,
                  "tflops": case.flops / (mine["median_ms"] * 1e-3) / 1e12, "rel_error": rel_error,
+                 "status": f"wrong_result: {', '.join(wrong)}" if wrong else "ok",
                  "search": {"sampler": None, "selection": selection}},
         "baselines": {"torch_linear": theirs},
-        "ratio": {"torch_linear": theirs["median_ms"] / mine["median_ms"]},
+        "ratio": {"torch_linear": None if wrong else theirs["median_ms"] / mine["median_ms"]},
     }
 
 
@@ -84,14 +88,41 @@ def table(records: list[dict]) -> str:
         p, o = r["problem"], r["ours"]
         gemms = ", ".join(f"{k}: {'torch' if str(v).startswith('torch') else 'gemmscape'}" for k, v in o["gemms"].items())
         lines.append(f"{p['m']:6d} {p['dtype']:5s} {p['layout']:8s} {r['baselines']['torch_linear']['median_ms'] * 1e3:13.1f} "
-                     f"{o['median_ms'] * 1e3:9.1f} {r['ratio']['torch_linear']:6.2f}  {gemms}")
+                     f"{o['median_ms'] * 1e3:9.1f} {r['ratio']['torch_linear'] or float('nan'):6.2f}  {gemms}"
+                     + ("" if o.get("status", "ok") == "ok" else f"  {o['status'].upper()}"))
     return "\n".join(lines)
 
 
 # ---- on the GPU -------------------------------------------------------------------------------------
+def reference(case: Case, x, weight, bias, dy) -> dict:
+    """The float64 results of the layer's GEMMs: y, and in training dX, dW (and db)."""
+    x64, w64, dy64 = x.double(), weight.double(), dy.double()
+    y = x64 @ w64.T + (bias.double() if bias is not None else 0)
+    if case.mode == "forward":
+        return {"y": y}
+    out = {"y": y, "dx": dy64 @ w64, "dw": dy64.T @ x64}
+    if bias is not None:
+        out["db"] = dy64.sum(0)
+    return out
+
+
+def _rel(exact, got) -> float:
+    """Relative Frobenius error of ``got`` against the float64 ``exact`` (NaN stays NaN: a failure)."""
+    return float((got.double() - exact).norm() / exact.norm().clamp_min(1e-30))
+
+
+def check(case: Case, rel: dict) -> list[str]:
+    """Which of our outputs miss the dtype's bound against float64 (codegen.problem.DType.rel_tol)."""
+    from codegen.problem import DType
+
+    bound = DType(case.dtype).rel_tol
+    return [name for name, e in rel.items() if not name.endswith("_torch_linear") and not e <= bound]
+
+
 def measure(case: Case, kernels, reps: int, rounds: int = 5):
     """Time nn.Linear and gemmscape's Linear on ``case`` (alternating rounds); their results' relative
-    differences (Frobenius) as a check; which GEMM ran what."""
+    errors against float64 (Frobenius; each output's status is judged in ``record``); which GEMM ran
+    what."""
     import torch
 
     from codegen.nn import Linear
@@ -115,11 +146,10 @@ def measure(case: Case, kernels, reps: int, rounds: int = 5):
         return (y, *torch.autograd.grad(y, params, dy))
 
     want, got = run(base), run(ours)  # warm-up, compiles and loads our kernels
+    exact = reference(case, x.detach(), base.weight.detach(), base.bias, dy)
     rel = {}
-    names = ["y", "dx", "dw", "db"][:len(want)]
-    for name, a, b in zip(names, want, got, strict=True):
-        a64, b64 = a.double(), b.double()
-        rel[name] = float((a64 - b64).norm() / a64.norm().clamp_min(1e-30))
+    for (name, e), b, a in zip(exact.items(), got, want, strict=True):
+        rel[name], rel[f"{name}_torch_linear"] = _rel(e, b), _rel(e, a)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = {"ours": [], "base": []}
     per_round = max(1, reps // rounds)

@@ -45,3 +45,25 @@ def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):
         pytest.skip("a GPU is visible: the benchmark would run")
     assert lt.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_outputs_past_the_dtype_bound_make_the_record_wrong_and_drop_its_ratio():
+    """Made-up errors: bf16's bound against float64 is 1e-2; NaN never passes; torch's own error is
+    recorded beside ours but never judged."""
+    case = lt.Case(32, "bf16", "train")
+    gemms = {"forward": "k", "grad_input": "k", "grad_weight": "k"}
+    ok = lt.record(case, [0.1] * 5, [0.2] * 5, gemms, {"y": 3e-3, "dx": 9e-3, "y_torch_linear": 0.5}, "x")
+    assert ok["ours"]["status"] == "ok" and ok["ratio"]["torch_linear"] == pytest.approx(2.0)
+    bad = lt.record(case, [0.1] * 5, [0.2] * 5, gemms, {"y": 3e-3, "dw": 0.02, "db": float("nan")}, "x")
+    assert bad["ours"]["status"] == "wrong_result: dw, db" and bad["ratio"]["torch_linear"] is None
+    assert "WRONG_RESULT: DW, DB" in lt.table([bad]).splitlines()[1]
+
+
+def test_the_float64_reference_is_the_layer_s_three_gemms():
+    torch = pytest.importorskip("torch")
+    x, w, b, dy = torch.randn(5, 7), torch.randn(3, 7), torch.randn(3), torch.randn(5, 3)
+    ref = lt.reference(lt.Case(5, "fp32", "train", features=7), x, w, b, dy)
+    assert list(ref) == ["y", "dx", "dw", "db"]
+    assert torch.allclose(ref["y"], (x @ w.T + b).double(), atol=1e-5)
+    assert torch.allclose(ref["dx"], (dy @ w).double(), atol=1e-5) and ref["dw"].shape == (3, 7)
+    assert list(lt.reference(lt.Case(5, "fp32", "forward", features=7), x, w, None, dy)) == ["y"]

@@ -455,3 +455,14 @@ def test_a_replaced_model_can_be_copied_and_saved(tuned, tmp_path):
     assert isinstance(back[0], Linear) and isinstance(back[0].kernels.source, Bundle)
     x = torch.randn(3, 13)
     assert torch.equal(back(x), model(x))
+
+
+def test_built_in_seeds_put_the_hopper_family_first_for_large_16_bit_forward_layers():
+    from codegen.bundle import SeedKernels
+
+    seeds = SeedKernels()
+    big = linear_problems(4096, 4096, 4096, DType.bf16, True)
+    assert seeds.spec_for(big[Layout.forward]).family == "hopper"
+    assert seeds.spec_for(big[Layout.grad_input]).family == "tensorcore"  # hopper: forward only
+    assert seeds.spec_for(linear_problems(32, 4096, 4096, DType.bf16)[Layout.forward]).family == "tensorcore"
+    assert SeedKernels(arch="sm_80").spec_for(big[Layout.forward]).family == "tensorcore"
