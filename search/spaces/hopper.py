@@ -59,17 +59,18 @@ def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8) -> dict:
     return dict(bm=bm, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m, ctas=ctas)
 
 
-#: Block-sparse W, plausible points, UNTESTED until measured on the H200 (benchmarks/hopper_probe.py
-#: --sparse): a block row holds few kept blocks at low density (about 6 blocks of 64 at density 0.1
-#: of 4096), so the ring's fill and the epilogue weigh: a persistent grid whose producer runs into the
-#: next tile, or two blocks per multiprocessor; bm 256 halves W's reloads.
+#: Block-sparse W, ordered by the H200 probe (2026-12-02, benchmarks/results/hopper_sparse-NVIDIA_H200-
+#: 2026-12-02T011336Z.json, bf16 4096^3 and 32x4096x4096, blocks 16-64): two blocks per multiprocessor
+#: won at densities 0.05-0.25 (e.g. block 64, density 0.1: 59 us), the 256-row plain grid at 0.5, the
+#: 64-row tile at batch 32; the persistent points were 10-50% slower everywhere (the balanced ranges
+#: spread X over the whole kernel: see benchmarks/NOTES.md). Hand-picked, not searched.
 SPARSE_SEEDS = [
-    _sparse_point(128, 8, 2, True),
-    _sparse_point(256, 5, 2, True),
     _sparse_point(128, 4, 1, False, ctas=2),
     _sparse_point(128, 4, 2, False, ctas=2),
     _sparse_point(256, 4, 2, False),
-    _sparse_point(128, 6, 1, True),
+    _sparse_point(64, 8, 1, False),
+    _sparse_point(256, 5, 2, True),
+    _sparse_point(128, 8, 2, True),
 ]
 
 
