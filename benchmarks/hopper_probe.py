@@ -29,13 +29,16 @@ from pathlib import Path
 
 #: Points of search/spaces/hopper.py, small tiles to large (labels for the table).
 POINTS = [
-    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8)),
-    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8)),
-    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8)),
-    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8)),
-    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8)),
-    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8)),
-    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16)),
+    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8, cluster=1)),
+    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8, cluster=1)),
+    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8, cluster=1)),
+    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1)),
+    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1)),
+    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1)),
+    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1)),
+    # Thread-block cluster pairs along M sharing W's tile by TMA multicast (built without a GPU: unverified).
+    ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2)),
+    ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2)),
 ]
 #: (m, n, k, bias, timed): validated in this order; the timed ones are then measured against cuBLAS.
 SHAPES = [

@@ -172,14 +172,39 @@ def encode_tensor_map(encoding: dict, address: int) -> ctypes.Array:
     return (ctypes.c_ubyte * 128).from_buffer_copy(ctypes.string_at(tmap.getPtr(), 128))
 
 
-def launch(func, grid, block, smem: int, stream, args: list) -> None:
+def launch(func, grid, block, smem: int, stream, args: list, cluster=(1, 1, 1)) -> None:
     """Launch with arguments given as ctypes values (pointers as c_void_p, ints as c_int, a tensor
-    map as its 128-byte array)."""
+    map as its 128-byte array). A ``cluster`` shape other than (1, 1, 1) launches thread-block
+    clusters of that shape (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; the grid is
+    in blocks and a multiple of it); otherwise a plain cuLaunchKernel."""
     holders = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    check(
-        driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(holders), 0),
-        "cuLaunchKernel",
-    )
+    if tuple(cluster) == (1, 1, 1):
+        check(
+            driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(holders), 0),
+            "cuLaunchKernel",
+        )
+        return
+    config = cluster_config(grid, block, smem, stream, cluster)
+    check(driver.cuLaunchKernelEx(config, func, ctypes.addressof(holders), 0),
+          f"cuLaunchKernelEx(cluster {tuple(cluster)}, grid {tuple(grid)})")
+
+
+def cluster_config(grid, block, smem: int, stream, cluster) -> driver.CUlaunchConfig:
+    """cuLaunchKernelEx's configuration of a cluster launch: grid and block in threads' blocks, the
+    dynamic shared memory, the stream, and one attribute, the cluster dimension."""
+    if any(g % c for g, c in zip(grid, cluster, strict=True)):
+        raise ValueError(f"grid {tuple(grid)} is not a multiple of the cluster {tuple(cluster)}")
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (int(c) for c in cluster)
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (int(g) for g in grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = (int(b) for b in block)
+    config.sharedMemBytes = int(smem)
+    config.hStream = stream
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 class Event:

@@ -138,11 +138,9 @@ class Engine:
                 func = module.function(step.symbol, step.smem)
             except CudaError as e:
                 raise launch_failure(e, "function", step.symbol, step.smem) from e
-            grid = step.grid
-            if step.persistent:  # one block per multiprocessor at most; the blocks loop over the tiles
-                grid = (min(grid[0], self.ctx.info.sms), *grid[1:])
+            grid = step.grid_on(self.ctx.info.sms)  # persistent: one block per multiprocessor at most
             try:
-                cuda.launch(func, grid, step.block, step.smem, self.stream, args)
+                cuda.launch(func, grid, step.block, step.smem, self.stream, args, step.cluster)
             except CudaError as e:
                 raise launch_failure(e, "launch", step.symbol, step.smem) from e
 

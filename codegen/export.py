@@ -58,7 +58,12 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
             "dynamic_smem_bytes": step.smem,
             "grid_for_problem": list(step.grid),
             **({"persistent": True, "grid_note": "grid_for_problem[0] counts output tiles: launch "
-                "min(grid_for_problem[0], multiprocessor count) blocks, which loop over them"} if step.persistent else {}),
+                "min(grid_for_problem[0], multiprocessor count) blocks" + (
+                    f" rounded down to a multiple of {step.cluster[0]}" if step.cluster[0] > 1 else "")
+                + ", which loop over them"} if step.persistent else {}),
+            **({"cluster": list(step.cluster), "cluster_note": "a thread-block cluster launch: cuLaunchKernelEx with "
+                "the attribute CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = cluster (grid_for_problem is in blocks, a "
+                "multiple of it)"} if step.cluster != (1, 1, 1) else {}),
         })
     target = compile_target(spec, arch)
     return {

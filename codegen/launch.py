@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
-    "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "layout_args",
+    "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "launched_grid",
+    "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
     "packed_k", "plan", "reduce_launch", "reduce_rule", "reduce_symbol", "workspace_bytes",
 ]  # fmt: skip
@@ -139,7 +140,9 @@ class TensorMapArg:
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel launch. ``persistent``: ``grid[0]`` counts work tiles, and the launcher starts
-    min(grid[0], multiprocessor count) blocks, which loop over the tiles."""
+    min(grid[0], multiprocessor count) blocks (rounded down to whole clusters), which loop over the
+    tiles. ``cluster``: the thread-block cluster shape; other than (1, 1, 1) the launcher uses
+    cuLaunchKernelEx with a cluster dimension (the grid, in blocks, is a multiple of it)."""
 
     symbol: str
     grid: tuple[int, int, int]
@@ -147,6 +150,23 @@ class KernelLaunch:
     smem: int
     args: tuple[str, ...]
     persistent: bool = False
+    cluster: tuple[int, int, int] = (1, 1, 1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cluster", tuple(self.cluster))
+
+    def grid_on(self, sms: int) -> tuple[int, int, int]:
+        """The grid to launch on a device of ``sms`` multiprocessors."""
+        return launched_grid(self.grid, self.persistent, self.cluster, sms)
+
+
+def launched_grid(grid, persistent: bool, cluster, sms: int) -> tuple[int, int, int]:
+    """The grid a launcher starts: ``grid`` itself, or for a persistent kernel at most one block per
+    multiprocessor, in whole clusters along x (at least one cluster)."""
+    if not persistent:
+        return tuple(grid)
+    cl = cluster[0]
+    return (max(cl, min(grid[0], sms) // cl * cl), *grid[1:])
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,7 @@ class LaunchPlan:
                 smem=x["smem"],
                 args=tuple(x["args"]),
                 persistent=bool(x.get("persistent", False)),
+                cluster=tuple(x.get("cluster", (1, 1, 1))),
             )
             for x in d["launches"]
         )

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from codegen.bundle import Bundle, KernelFile, SeedKernels, StoreKernels
+from codegen.launch import launched_grid
 from codegen.problem import DType, Layout, Problem, linear_problems
 
 __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
@@ -54,8 +55,6 @@ class _Compiled:
 
         self.cuda = cuda
         self.manifest, self.problem, self.device = file.manifest, problem, device
-        if any("cluster" in k for k in self.manifest["kernels"]):
-            raise _Unusable("its manifest asks for a thread-block cluster launch, which codegen.nn does not make yet")
         major, minor = torch.cuda.get_device_capability(device)
         arch = f"sm_{major}{minor}"
         spec = spec_from_dict(self.manifest["spec"])
@@ -111,10 +110,9 @@ class _Compiled:
                 else:
                     raise RuntimeError(f"{self.manifest['name']}: kernel argument {name!r} is not one codegen.nn "
                                        f"knows for the {p.layout.value} layout")
-            grid = list(step["grid_for_problem"])
-            if step.get("persistent"):
-                grid[0] = min(grid[0], self.sms)
-            cuda.launch(func, grid, step["block"], step["dynamic_smem_bytes"], stream, args)
+            cluster = tuple(step.get("cluster", (1, 1, 1)))
+            grid = launched_grid(step["grid_for_problem"], bool(step.get("persistent")), cluster, self.sms)
+            cuda.launch(func, grid, step["block"], step["dynamic_smem_bytes"], stream, args, cluster)
 
     def _pointer(self, name: str, tensors: dict, ws: torch.Tensor | None) -> int | None:
         if name == "WS":

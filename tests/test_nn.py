@@ -340,8 +340,8 @@ def _recorded_launches(monkeypatch, problem, families, tensors):
     file = SeedKernels(families).find(problem, "any")
     assert not isinstance(file, str), file
     launches, maps = [], []
-    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args: launches.append(
-        {"func": func, "grid": list(grid), "block": list(block), "smem": smem, "args": args}))
+    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args, cluster=(1, 1, 1): launches.append(
+        {"func": func, "grid": list(grid), "block": list(block), "smem": smem, "args": args, "cluster": cluster}))
     monkeypatch.setattr(cuda, "encode_tensor_map", lambda enc, address: maps.append((enc, address)) or
                         (ctypes.c_ubyte * 128)())
     monkeypatch.setattr(nn, "_make_current", lambda ctx: None)

@@ -26,6 +26,20 @@ the row pointers alone, so rows of many kept blocks do not pile up on a few mult
 (``group_m`` orders the plain grid only). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
 one's fill and epilogue overlapping the other's wgmma (for tiles with few k-tiles, as sparse rows
 have); it takes a plain (non-persistent) grid.
+``cluster=2`` (dense W only) launches pairs of blocks as a thread-block cluster along M: the two
+blocks of a pair take m-tiles 2i and 2i+1 of the same block column, so they read the same W tile;
+each block's producer loads half of W's box (``bn / 2`` rows) with a multicast TMA that writes it into
+both blocks' shared memory (same offset) and completes on both blocks' "full" barriers, so W
+crosses L2 once per pair. The larger operand of the default tiles (128 x 256: W's box is twice
+X's) is the one shared, hence pairs along M. A stage is refilled only when the consumers of both
+blocks are done with it: each consumer warp arrives on the "empty" barrier of both blocks (the
+peer's through its shared::cluster address). The kernel starts with a cluster barrier (the peer's
+barriers are initialized before anything lands in them) and ends with one (no block exits while
+its peer may still write into its shared memory or arrive on its barriers). An odd count of
+m-tiles leaves the pair's second block past M: it loads no X, still loads and multicasts its half
+of W, and stores nothing. The grid counts pairs (2 blocks each); a persistent grid strides over
+pair tiles by the number of pairs launched. The launch needs ``cuLaunchKernelEx`` with a cluster
+dimension of (2, 1, 1) (``codegen.launch.KernelLaunch.cluster``).
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
@@ -60,6 +74,7 @@ WG = 128  # threads in a warpgroup
 WGMMA_M, WGMMA_K = 64, 16
 CONSUMERS = (1, 2)
 CTAS = (1, 2)
+CLUSTERS = (1, 2)
 MAX_STAGES = {False: 8, True: 16}  # dense; block-sparse (smaller stages, deeper rings)
 #: Registers per thread after setmaxnreg: the producer gives up what the consumers take. With two
 #: consumer warpgroups the block starts at 168 (65536 / 384, in steps of 8) and 40 + 2 x 232 fits;
@@ -111,6 +126,7 @@ class Spec(SpecData):
                                                    "help": "pack rows to 16 bytes first (needed when K is not a multiple of 8)"})
     ctas: int = field(default=1, metadata={"help": "blocks sharing a multiprocessor (1 or 2; 2 halves ring and registers)"})
     block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
+    cluster: int = field(default=1, metadata={"help": "blocks per cluster along M sharing W's tile by TMA multicast (1 or 2)"})
 
     family: ClassVar[str] = NAME
 
@@ -120,12 +136,12 @@ class Spec(SpecData):
         return (f"hp_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
-                f"{f'_o{self.ctas}' if self.ctas != 1 else ''}")
+                f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
         r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
-        r"(?:_o(?P<ctas>\d+))?"
+        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?"
     )
 
     @classmethod
@@ -142,6 +158,7 @@ class Spec(SpecData):
             prepass="pack" if g.pop("prepass") else "none",
             block=int(g.pop("block") or 0),
             ctas=int(g.pop("ctas") or 1),
+            cluster=int(g.pop("cluster") or 1),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -198,6 +215,11 @@ class Spec(SpecData):
         return self.stages * self.stage_bytes + 2 * 8 * self.stages + 1024
 
     @property
+    def w_slice_rows(self) -> int:
+        """Rows of W's box each block of a cluster loads and multicasts (all of it without a cluster)."""
+        return self.bn // self.cluster
+
+    @property
     def consumer_regs(self) -> int:
         return consumer_regs(self.consumers, self.ctas)
 
@@ -215,6 +237,8 @@ class Spec(SpecData):
             why.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
         if self.ctas not in CTAS:
             why.append(f"ctas must be one of {CTAS}, got {self.ctas}")
+        if self.cluster not in CLUSTERS:
+            why.append(f"cluster must be one of {CLUSTERS}, got {self.cluster}")
         if self.dtype not in DTYPES:
             why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value}")
         if why:
@@ -236,6 +260,15 @@ class Spec(SpecData):
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if self.ctas == 2 and self.persistent:
             why.append("ctas=2 shares a multiprocessor between two blocks of a plain grid: persistent must be false")
+        if self.cluster > 1:
+            if self.block:
+                why.append("cluster > 1 is generated for a dense W only (a block-sparse W's pairs would walk different "
+                           "kept blocks): cluster must be 1")
+            if self.ctas != 1:
+                why.append("cluster > 1 is generated with one block per multiprocessor only: ctas must be 1")
+            if self.bn % (8 * self.cluster):
+                why.append(f"bn {self.bn} must be a multiple of 8 x cluster {self.cluster}: each block multicasts "
+                           f"bn/{self.cluster} rows of W, whole 8-row swizzle groups")
         if why:
             return why
         budget = self.consumer_regs
@@ -293,7 +326,9 @@ def template_values(spec: Spec) -> dict:
         wg_a_bytes=spec.wg_m * spec.row_bytes,
         frag_a_bytes=WGMMA_M * spec.row_bytes,
         sbo=8 * spec.row_bytes,  # bytes between 8-row groups of a swizzled tile
-        empty_arrivals=spec.consumers * (WG // 32),
+        empty_arrivals=spec.cluster * spec.consumers * (WG // 32),
+        w_slice_rows=spec.w_slice_rows,
+        w_slice_bytes=spec.w_slice_rows * spec.row_bytes,
         producer_regs=PRODUCER_REGS,
         consumer_regs=spec.consumer_regs,
         wgmma_ptx=f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{spec.bn}k{WGMMA_K}.f32.{PTX_TYPE[spec.dtype]}.{PTX_TYPE[spec.dtype]}",
@@ -329,18 +364,21 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
     if spec.prepass == "pack":
         kp = packed_k(16 // e, k)
         return (TensorMapArg("TX", "WS", dims=(k, m), pitch=kp * e, box=(spec.bk, spec.bm), offset=0, **common),
-                TensorMapArg("TW", "WS", dims=(k, n), pitch=kp * e, box=(spec.bk, spec.bn), offset=m * kp * e,
+                TensorMapArg("TW", "WS", dims=(k, n), pitch=kp * e, box=(spec.bk, spec.w_slice_rows), offset=m * kp * e,
                              **common)), (m + n) * kp * e
     return (TensorMapArg("TX", "X", dims=(k, m), pitch=k * e, box=(spec.bk, spec.bm), **common),
-            TensorMapArg("TW", "W", dims=(k, n), pitch=k * e, box=(spec.bk, spec.bn), **common)), 0
+            TensorMapArg("TW", "W", dims=(k, n), pitch=k * e, box=(spec.bk, spec.w_slice_rows), **common)), 0
 
 
 def plan(spec: Spec, problem: Problem) -> LaunchPlan:
-    tiles = -(-problem.m // spec.bm) * -(-problem.n // spec.bn)
+    """With a cluster, the grid counts blocks in whole clusters: the m-tiles rounded up to pairs."""
+    cl = spec.cluster
+    tiles = -(-problem.m // (cl * spec.bm)) * cl * -(-problem.n // spec.bn)
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1), smem=spec.smem_bytes,
-                                 args=SPARSE_ARGS if spec.block else ARGS, persistent=spec.persistent))
+                                 args=SPARSE_ARGS if spec.block else ARGS, persistent=spec.persistent,
+                                 cluster=(cl, 1, 1)))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, tensor_maps=maps)
 
 
@@ -353,8 +391,14 @@ def grid_rule(spec: Spec) -> str:
         src_x, src_w, pitch = "WS", f"WS + M*KP*{e} bytes", f"KP*{e}"
     else:
         src_x, src_w, pitch = "X", "W", f"K*{e}"
-    tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
-    blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+    cl = spec.cluster
+    if cl > 1:
+        tiles = f"ceil(M/{cl * spec.bm})*{cl} * ceil(N/{spec.bn})"
+        blocks = (f"min({tiles}, multiprocessor count) rounded down to a multiple of {cl}" if spec.persistent
+                  else tiles)
+    else:
+        tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
+        blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
     head = (f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
             f"{spec.smem_bytes} B")
     if spec.block:
@@ -367,8 +411,11 @@ def grid_rule(spec: Spec) -> str:
     else:
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
-                     f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.bn}); "
+                     f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.w_slice_rows}); "
                      f"X, W and WS 16-byte aligned")
+    if cl > 1:
+        parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
+                     f"= ({cl}, 1, 1)): each cluster of {cl} consecutive blocks shares W's tile by TMA multicast")
     if spec.ctas > 1:
         parts.append(f"{spec.ctas} blocks share a multiprocessor (__launch_bounds__({spec.threads}, {spec.ctas}))")
     return "; ".join(parts)

@@ -12,7 +12,8 @@ NAME = "hopper"
 def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
     """Everything the Hopper template can express that is worth trying. The k-tile is fixed (one
     128-byte swizzle span), and the pack prepass is not sampled: it is on exactly when the
-    problem's K breaks TMA's 16-byte row pitch (``to_spec``). Clusters are size 1. With a
+    problem's K breaks TMA's 16-byte row pitch (``to_spec``). A dense W may be shared by a pair of
+    blocks (``cluster`` 2: a thread-block cluster along M, W's tile multicast by TMA). With a
     block-sparse W (``block`` > 0) the block tile spans one block row and the k-tile is one block,
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
     share a multiprocessor (``ctas``), for rows that hold only a few kept blocks."""
@@ -23,9 +24,10 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
         "consumers": (1, 2),
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
+        "cluster": (1, 2),
     }
     if block:
-        del dims["bn"]
+        del dims["bn"], dims["cluster"]
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
     return Space(NAME, dims)
@@ -33,21 +35,24 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(bm=(128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
-                  group_m=(8,))
+                  group_m=(8,), cluster=(1, 2))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8) -> dict:
-    return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m)
+def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1) -> dict:
+    return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
+                cluster=cluster)
 
 
 #: Plausible good points for large 16-bit layers (two consumer warpgroups of 64 x 256, or of 128 x 128),
 #: a persistent variant of each, and smaller tiles for layers with few output tiles. Two are measured
 #: (H200, 2026-12-02, benchmarks/results/hopper-NVIDIA_H200-2026-12-02T000933Z.json): 128x256 c2 s4
 #: persistent, 711 TFLOP/s bf16 at 4096^3 (0.90x cuBLAS), and 128x128 c2 s5 persistent, 657 at
-#: 4096x11008x4096 (1.01x); the others are untested. No search has run on this family yet.
+#: 4096x11008x4096 (1.01x); the others are untested, the cluster pair (W's tile multicast to two
+#: blocks) too: it was built without a GPU. No search has run on this family yet.
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
+    _point(128, 256, 4, 2, False, cluster=2),
     _point(256, 128, 4, 2, True),
     _point(128, 128, 5, 2, True),
     _point(128, 128, 6, 1, True),
