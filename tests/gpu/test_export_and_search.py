@@ -22,7 +22,8 @@ _STORAGE = {"float": np.float32, "__half": np.float16, "__nv_bfloat16": np.uint1
 def _launch_from_manifest(cu: str, manifest: dict, x, w, b) -> np.ndarray:
     """Compile and run with cuda-python and the manifest only (no gemmscape code): X, W, B given in
     the manifest's element type (numpy storage), Y returned in it. Tensor-map arguments are encoded
-    as the manifest says; a persistent launch gets at most one block per multiprocessor."""
+    as the manifest says; a persistent launch gets at most one block per multiprocessor (in whole
+    clusters); a kernel with a cluster is launched with cuLaunchKernelEx."""
     from cuda.bindings import driver, nvrtc
 
     from codegen.compile import include_dirs  # only to find the CUDA headers on this machine
@@ -84,10 +85,22 @@ def _launch_from_manifest(cu: str, manifest: dict, x, w, b) -> np.ndarray:
                 for a in kern["args"]]
         arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         grid = list(kern["grid_for_problem"])
+        cluster = kern.get("cluster", [1, 1, 1])
         if kern.get("persistent"):
-            grid[0] = min(grid[0], sms)
-        ok(driver.cuLaunchKernel(func, *grid, *kern["block"], kern["dynamic_smem_bytes"],
-                                 driver.CUstream(0), ctypes.addressof(arr), 0))
+            grid[0] = max(cluster[0], min(grid[0], sms) // cluster[0] * cluster[0])
+        if cluster == [1, 1, 1]:
+            ok(driver.cuLaunchKernel(func, *grid, *kern["block"], kern["dynamic_smem_bytes"],
+                                     driver.CUstream(0), ctypes.addressof(arr), 0))
+            continue
+        attr = driver.CUlaunchAttribute()  # a thread-block cluster launch, as the manifest's cluster_note says
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = kern["block"]
+        config.sharedMemBytes, config.hStream = kern["dynamic_smem_bytes"], driver.CUstream(0)
+        config.attrs, config.numAttrs = [attr], 1
+        ok(driver.cuLaunchKernelEx(config, func, ctypes.addressof(arr), 0))
     ok(driver.cuCtxSynchronize())
     ok(driver.cuMemcpyDtoH(y.ctypes.data, ptrs["Y"], y.nbytes))
     for ptr in ptrs.values():
