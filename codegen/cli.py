@@ -23,6 +23,7 @@ from pathlib import Path
 from codegen import families
 from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
+from search import DEFAULT_SAMPLER, SAMPLERS
 
 DEFAULT_FAMILY = "simt"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -870,7 +871,8 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p = command("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
     add_problem_args(p)
     add_family_arg(p, "whose space is searched")
-    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"], help="Optuna sampler")
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                   help=f"sampler (default {DEFAULT_SAMPLER}, chosen on the replay recordings: see README)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--budget", type=positive_int, default=200,
                    help="evaluated (compiled and run) trials, across resumed runs")

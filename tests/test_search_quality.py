@@ -155,8 +155,10 @@ def sq_space():
 def test_end_to_end_on_the_recording_is_labelled_a_replay(tmp_path):
     """Plumbing and labels only (budget 12, 2 seeds): the numbers of such a tiny run mean nothing."""
     md = tmp_path / "t.md"
+    from tests.search.test_replay import RECORDING
+
     assert sq.main(["--samplers", "tpe", "random", "--seeds", "2", "--budget", "12", "--random-reference", "3",
-                    "--workers", "1", "--out", str(tmp_path), "--markdown", str(md), "--quiet"]) == 0
+                    "--recordings", str(RECORDING), "--workers", "1", "--out", str(tmp_path), "--markdown", str(md), "--quiet"]) == 0
     doc = json.loads(next(tmp_path.glob("search-quality-*.json")).read_text())
     assert doc["suite"] == "search-quality" and doc["measurement"].startswith("REPLAY")
     assert "no GPU" in doc["machine"]["note"] and doc["versions"]["optuna"] and doc["versions"]["numpy"]

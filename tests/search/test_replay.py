@@ -111,13 +111,29 @@ def test_tpe_beats_random_at_50():
     assert tpe > rnd, (tpe, rnd)
 
 
-def test_a_run_of_invalid_proposals_is_cut_off_with_a_message():
+def test_a_space_without_valid_points_ends_with_one_line():
     problem = Problem(4096, 4096, 4096)
-    space = space_for("simt", problem.dtype).restrict(bm=(16,), tm=(8,), lanes_m=(32,))  # warp tile > block tile
     m = ReplayMeasurer(RECORDING)
-    summary = run_search(problem, space, m, budget=10, max_idle=50, progress=False)
-    assert summary.evaluated == 0 and summary.proposals == 50
-    assert "invalid or already measured" in summary.stopped
+    big = space_for("simt", problem.dtype).restrict(bm=(16,), tm=(8,), lanes_m=(32,))  # warp tile > block tile
+    summary = run_search(problem, big, m, budget=10, progress=False)
+    assert summary.evaluated == 0 and summary.valid_proposals == 0 and summary.sampler_proposals >= 1
+    assert summary.stopped.startswith("stopped: 4000 random draws") and "\n" not in summary.stopped
+    small = big.restrict(bn=(32,), bk=(8,), tn=(8,), group_m=(1,), split_k=(1,))  # small enough to enumerate
+    summary = run_search(problem, small, m, sampler="tpe", budget=10, progress=False)
+    assert summary.evaluated == 0
+    assert summary.stopped == "space exhausted: no point of the space is valid for this problem on this device"
+
+
+@pytest.mark.parametrize("sampler", ["cmaes", "tpe", "random", "grid"])
+def test_a_small_space_is_measured_through_and_ends_exhausted(sampler):
+    """Every sampler spends its budget while unmeasured valid kernels are left, then says so."""
+    m = ReplayMeasurer(RECORDING)
+    space = m.space.restrict(bm=(128,), bn=(128,), tm=(8,), tn=(8,))  # 3 bk x 3 lanes_m x 2 pad x 2 group_m
+    valid = {space.spec(p, m.problem).name for p in space.points()
+             if not space.spec(p, m.problem).check(m.problem, m.limits)}
+    summary = run_search(m.problem, space, m, sampler=sampler, seed=1, budget=100, progress=False)
+    assert summary.evaluated == len(valid) == 36
+    assert summary.stopped == f"space exhausted: all {len(valid)} valid kernels of the space are measured"
 
 
 def test_resume_counts_the_budget_across_runs(tmp_path):
