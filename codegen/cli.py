@@ -674,6 +674,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
     if problem.sparse:
         say(f"  problem {describe_problem(problem)}")
+    for line in summary.describe():
+        say(f"  {line}")
     if summary.failures:
         say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
     if best:
@@ -689,7 +691,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                           "store": store.location if store is not None else None,
                           "evaluated": summary.evaluated, "wall_s": summary.wall_s,
                           "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
-                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict()}))
+                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict(),
+                          "sampler": args.sampler, "seeded": summary.seeded, "handover": summary.handover,
+                          "proposals": {"all": summary.proposals, "sampler": summary.sampler_proposals,
+                                        "valid": summary.valid_proposals, "new": summary.new_proposals,
+                                        "replaced": summary.replaced, "valid_fraction": summary.valid_fraction},
+                          "times_s": summary.times}))
     return EXIT_OK if best else EXIT_FAILURE
 
 

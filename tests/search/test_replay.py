@@ -155,6 +155,26 @@ def test_cli_replay_prints_the_best_and_the_recorded_best():
     assert out.returncode == 0, out.stderr
     assert "40 of 40 trials evaluated" in out.stdout and "recorded best" in out.stdout
     assert "recorded on NVIDIA H200" in out.stderr
+    assert "% valid" in out.stdout and "  time: sample " in out.stdout and " gpu " in out.stdout
+
+
+def test_cli_json_summary_says_how_the_proposals_went_and_where_the_time_went(capsys):
+    import json
+
+    from tests.test_cli_errors import run
+
+    code, out, err = run(["search", "--m", "4096", "--n", "4096", "--k", "4096", "--replay", str(RECORDING),
+                          "--budget", "30", "--no-store", "--no-seeds", "--sampler", "tpe", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    p = doc["proposals"]
+    assert doc["evaluated"] == 30 and doc["sampler"] == "tpe" and doc["seeded"] == 0
+    assert p["sampler"] >= p["valid"] >= p["new"] > 0 and p["all"] == p["sampler"] + p["replaced"]
+    assert p["valid_fraction"] == pytest.approx(p["valid"] / p["sampler"])
+    assert set(doc["times_s"]) == {"sample", "check", "store", "compile_wait", "gpu"}
+    assert doc["times_s"]["store"] == 0 and doc["times_s"]["sample"] > 0  # --no-store: nothing stored
+    assert sum(doc["times_s"].values()) <= doc["wall_s"]
+    assert "unseeded" in err and "% valid" in err
 
 
 def test_replay_refuses_another_problem():
