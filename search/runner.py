@@ -204,10 +204,7 @@ class _Point:
     key: tuple[int, ...]
     spec: object
     reasons: list[str]
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    name: str
 
 
 class _Points:
@@ -220,14 +217,15 @@ class _Points:
         self.sizes = [len(space.dims[n]) for n in self.names]
         self.cache: dict[tuple[int, ...], _Point] = {}
         self.taken: set[str] = set()  # kernels measured, known or in flight in this study
-        self._valid: list[tuple[int, ...]] | None = None  # every valid point (enumerable spaces)
+        self._left: list[tuple[int, ...]] | None = None  # one valid point per kernel not yet seen taken
+        self._valid_kernels: int | None = None  # enumerable spaces: how many kernels are valid
 
     def at(self, key: tuple[int, ...]) -> _Point:
         p = self.cache.get(key)
         if p is None:
             point = {n: self.space.dims[n][i] for n, i in zip(self.names, key, strict=True)}
             spec = self.space.spec(point, self.problem)
-            p = self.cache[key] = _Point(key, spec, spec.check(self.problem, self.limits))
+            p = self.cache[key] = _Point(key, spec, spec.check(self.problem, self.limits), spec.name)
         return p
 
     def open(self, key: tuple[int, ...]) -> bool:
@@ -258,16 +256,22 @@ class _Points:
         """A uniformly random open point; None when the space has none left (enumerable spaces),
         False when ``DRAWS`` random draws found none (a space too large to enumerate)."""
         if self.space.size <= ENUMERABLE:
-            if self._valid is None:
-                self._valid = [k for k in _products([range(s) for s in self.sizes]) if not self.at(k).reasons]
-            left = [k for k in self._valid if self.at(k).name not in self.taken]
-            if not left:
-                return None
-            # one point per kernel, so that every unmeasured kernel is equally likely
-            by_name = {}
-            for k in left:
-                by_name.setdefault(self.at(k).name, k)
-            return self.rng.choice(list(by_name.values()))
+            if self._left is None:  # one point per kernel, so that every unmeasured kernel is equally likely
+                by_name: dict[str, tuple[int, ...]] = {}
+                for k in _products([range(s) for s in self.sizes]):
+                    p = self.at(k)
+                    if not p.reasons:
+                        by_name.setdefault(p.name, k)
+                self._left, self._valid_kernels = list(by_name.values()), len(by_name)
+            left = self._left
+            while left:  # taken ones are dropped as they are met (swap with the last)
+                i = self.rng.randrange(len(left))
+                key = left[i]
+                if self.cache[key].name not in self.taken:
+                    return key
+                left[i] = left[-1]
+                left.pop()
+            return None
         for _ in range(DRAWS):
             key = tuple(self.rng.randrange(s) for s in self.sizes)
             if self.open(key):
@@ -275,7 +279,8 @@ class _Points:
         return False
 
     def valid_count(self) -> int | None:
-        return len({self.at(k).name for k in self._valid}) if self._valid is not None else None
+        """How many valid kernels the space has (None: not enumerated)."""
+        return self._valid_kernels
 
 
 def _combinations(items, r):
