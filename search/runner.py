@@ -8,8 +8,9 @@ avoid; the others ignore it), never a made-up objective; a proposal of a kernel 
 or in flight is not told again (a failed trial). Such a proposal costs nothing and is replaced by
 an unmeasured valid point: the nearest one for the model-based samplers (TPE, CMA-ES, GP), a
 uniformly random one for random sampling (so that random sampling stays uniform over the valid
-points). CMA-ES and GP hand over to TPE once they converge (``CONVERGED`` proposals in a row that
-bring nothing new); grid visits every point once in a seeded order. A search therefore spends its
+points). Once CMA-ES converges (``CONVERGED`` proposals in a row that bring nothing new) it
+restarts from the best point with a fresh optimizer; GP hands over to TPE; grid visits every point
+once in a seeded order. A search therefore spends its
 budget unless the space has no unmeasured valid point left ("space exhausted", one line).
 
 Budget counts evaluated (compiled and run) trials, across runs of the same study. "Already
@@ -54,7 +55,7 @@ from search.space import Space, point_of
 #: after which a search stops: something other than the kernels is broken.
 MAX_SAME_FAILURES = 10
 #: Sampler proposals in a row that bring nothing new (invalid, or a kernel already measured)
-#: after which CMA-ES or GP counts as converged and TPE takes over the study.
+#: after which CMA-ES counts as converged and restarts, or GP hands over to TPE.
 CONVERGED = 16
 #: Spaces with at most this many points are enumerated (once, when first needed) to find an
 #: unmeasured valid point or to say that none is left; larger ones are sampled.
@@ -107,7 +108,7 @@ class Summary:
     new_proposals: int = 0  # of those, kernels not measured before (what the sampler added)
     replaced: int = 0  # invalid or repeated proposals replaced by an unmeasured valid point
     seeded: int = 0  # seeds tried first (0: an unseeded search)
-    handover: str = ""  # a converged sampler that handed over to another, and when
+    handover: str = ""  # a converged sampler that restarted or handed over to another, and when
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_BUCKETS, 0.0))
 
     @property
@@ -354,6 +355,7 @@ class _Search:
         self.idle = 0  # proposals in a row that measured nothing
         self.ended = ""  # why proposing ended (space exhausted): the search ends once what is in flight is done
         self.stale = 0  # sampler proposals in a row that brought nothing new
+        self.restarts = 0  # CMA-ES restarts
         self.same: tuple[tuple[str, str] | None, int] = (None, 0)
         self.last_reap = time.monotonic()
         self.device_id = self.run_id = None
@@ -477,14 +479,17 @@ class _Search:
             s.stopped = "budget reached"
 
     def _room(self) -> bool:
-        """Whether the budget allows one more measurement (across processes, with a store)."""
-        if self.summary.evaluated + len(self.in_flight) >= self.budget:
-            return False
-        if self.store is not None:  # what every process spent, and our measurements that hold no claim
-            unclaimed = sum(1 for name in self.in_flight if name not in self.claimed)
-            with self.timer("store"):
-                return self.store.used_budget(self.name) + unclaimed < self.budget
-        return True
+        """Whether our own count allows one more measurement. Across processes the store decides:
+        a claim is refused once the study's budget is spent, and a measurement that takes no claim
+        (its source unknown) asks the store first (``_store_room``)."""
+        return self.summary.evaluated + len(self.in_flight) < self.budget
+
+    def _store_room(self) -> bool:
+        """Whether the store's count (every process, and our measurements that hold no claim)
+        allows one more measurement that takes no claim."""
+        unclaimed = sum(1 for name in self.in_flight if name not in self.claimed)
+        with self.timer("store"):
+            return self.store.used_budget(self.name) + unclaimed < self.budget
 
     def _propose(self) -> None:
         s = self.summary
@@ -569,6 +574,10 @@ class _Search:
                 self._tell(trial, known[0], known[1], False, source=source)
                 self.idle += 1
                 continue
+            if store is not None and p.name not in self.claimed and not self._store_room():
+                self.points.taken.discard(p.name)
+                self._tell_state(trial, "budget")
+                return False
             self.in_flight[p.name] = trial
             m.submit(trial, p.spec)
             self.idle = 0
@@ -589,10 +598,12 @@ class _Search:
             return
         if origin == "sampler":
             self.stale += 1
-            if self.sampler in ("cmaes", "gp") and self.stale >= CONVERGED and not s.handover:
+            if self.sampler == "cmaes" and self.stale >= CONVERGED:
+                self._restart_cmaes()
+            elif self.sampler == "gp" and self.stale >= CONVERGED and not s.handover:
                 self.study.sampler = make_sampler("tpe", self.seed, self.space)
-                s.handover = (f"{self.sampler} converged after {s.sampler_proposals} proposals ({CONVERGED} in a "
-                              f"row brought nothing new): TPE took over the study")
+                s.handover = (f"gp converged after {s.sampler_proposals} proposals ({CONVERGED} in a row brought "
+                              f"nothing new): TPE took over the study")
         with self.timer("check"):
             if self.sampler == "random":  # uniform over what is left, so random sampling stays uniform
                 other = self.points.any_open()
@@ -606,6 +617,31 @@ class _Search:
         else:
             self.queue.append((other, "replacement"))
             s.replaced += 1
+
+    def _restart_cmaes(self) -> None:
+        """A converged CMA-ES starts again from the best point so far with a fresh optimizer
+        (its state is kept under another prefix of the trials' attributes), so its cost per
+        proposal stays flat as the study grows."""
+        s = self.summary
+        self.restarts += 1
+        self.stale = 0
+        try:
+            x0 = dict(self.study.best_trial.params)
+        except ValueError:  # nothing ran yet
+            x0 = None
+        sampler = optuna.samplers.CmaEsSampler(seed=None if self.seed is None else self.seed + self.restarts,
+                                               x0=x0, warn_independent_sampling=False)
+        if not isinstance(getattr(sampler, "_attr_prefix", None), str):  # an Optuna that keeps its state elsewhere
+            self.study.sampler = make_sampler("tpe", self.seed, self.space)
+            s.handover = (f"cmaes converged after {s.sampler_proposals} proposals ({CONVERGED} in a row brought "
+                          f"nothing new): TPE took over the study")
+            self.sampler = "tpe"
+            return
+        sampler._attr_prefix = f"cma{self.restarts}:"  # not the converged optimizer's state
+        self.study.sampler = sampler
+        s.handover = (f"cmaes converged {self.restarts} time{'s' if self.restarts > 1 else ''} "
+                      f"({CONVERGED} proposals in a row that brought nothing new) and restarted from the best "
+                      f"point; last restart after {s.sampler_proposals} proposals")
 
     def _exhausted(self) -> None:
         if self.space.size <= ENUMERABLE:

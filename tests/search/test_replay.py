@@ -106,6 +106,16 @@ def test_tpe_finds_the_best_kernels_sooner_than_random_sampling_can(fraction, se
                              f"sampling, which gets <= {bound} with p <= 5%")
 
 
+def test_a_converged_cmaes_restarts_and_spends_its_budget():
+    m = ReplayMeasurer(RECORDING)
+    space = m.space.restrict(bm=(128, 256))  # small enough that CMA-ES converges within 100 trials
+    summary = run_search(m.problem, space, m, sampler="cmaes", seed=0, budget=100, progress=False)
+    assert summary.evaluated == 100 and summary.stopped == "budget reached"
+    assert summary.handover.startswith("cmaes converged 1 time (16 proposals in a row")
+    assert "restarted from the best point" in summary.handover
+    assert any("restarted" in line for line in summary.describe())
+
+
 SKINNY = RECORDING.with_name("replay-simt-skinny-32x4096x4096-fp32.json")
 
 
