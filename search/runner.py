@@ -629,8 +629,13 @@ class _Search:
             x0 = dict(self.study.best_trial.params)
         except ValueError:  # nothing ran yet
             x0 = None
-        sampler = optuna.samplers.CmaEsSampler(seed=None if self.seed is None else self.seed + self.restarts,
-                                               x0=x0, warn_independent_sampling=False)
+        seed = None if self.seed is None else self.seed + self.restarts
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # x0 is deprecated since Optuna 4.9
+            try:
+                sampler = optuna.samplers.CmaEsSampler(seed=seed, x0=x0, warn_independent_sampling=False)
+            except TypeError:  # an Optuna without x0: restart from the middle of the space
+                sampler = optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
         if not isinstance(getattr(sampler, "_attr_prefix", None), str):  # an Optuna that keeps its state elsewhere
             self.study.sampler = make_sampler("tpe", self.seed, self.space)
             s.handover = (f"cmaes converged after {s.sampler_proposals} proposals ({CONVERGED} in a row brought "

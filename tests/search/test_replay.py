@@ -109,7 +109,11 @@ def test_tpe_finds_the_best_kernels_sooner_than_random_sampling_can(fraction, se
 def test_a_converged_cmaes_restarts_and_spends_its_budget():
     m = ReplayMeasurer(RECORDING)
     space = m.space.restrict(bm=(128, 256))  # small enough that CMA-ES converges within 100 trials
-    summary = run_search(m.problem, space, m, sampler="cmaes", seed=0, budget=100, progress=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # nothing deprecated reaches the user
+        summary = run_search(m.problem, space, m, sampler="cmaes", seed=0, budget=100, progress=False)
     assert summary.evaluated == 100 and summary.stopped == "budget reached"
     assert summary.handover.startswith("cmaes converged 1 time (16 proposals in a row")
     assert "restarted from the best point" in summary.handover
