@@ -708,6 +708,8 @@ class _Search:
         self._tell(trial, status, value, True, result.get("ratio"), source=measured)
         if measured:
             self.known[(done.spec.name, measured)] = (status, value)
+        if status == "invalid":  # refused without running (a replay that did not record it): costs no budget
+            return
         s.evaluated += 1
         s.evaluated_now += 1
         if status != "ok":
