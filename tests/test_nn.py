@@ -329,9 +329,21 @@ def test_kernels_from_takes_bundles_stores_and_urls(tuned, tmp_path):
 
 
 # ---- the launch a manifest asks for, with the driver REPLACED by a recorder (no GPU here) ---------------
-def _recorded_launches(monkeypatch, problem, families, tensors):
-    """Run codegen.nn's launcher for ``problem``'s built-in seed with cuda.launch, the tensor-map
-    encoder, the context and the stream replaced by recorders (CPU tensors give the pointers)."""
+def _decode(step: dict, params: int) -> list:
+    """A launch's argument values read back through its pointer array (the kernel's view): each slot
+    points at a c_int (M, N, K), a pointer, or a tensor map's 128 bytes, as the manifest names it."""
+    import ctypes
+
+    slots = (ctypes.c_void_p * len(step["args"])).from_address(params)
+    kinds = [(ctypes.c_ubyte * 128) if "tensor_map" in a else ctypes.c_int if a["name"] in ("M", "N", "K") else ctypes.c_void_p
+             for a in step["args"]]
+    return [kind.from_buffer_copy(kind.from_address(slot)) for kind, slot in zip(kinds, slots, strict=True)]
+
+
+def _compiled(monkeypatch, problem, families, launches, maps):
+    """codegen.nn's launcher for ``problem``'s built-in seed with cuda.launch_prepared, the tensor-map
+    encoder, the context and the stream replaced by recorders (CPU tensors give the pointers); each
+    launch is recorded with its arguments as read through its pointer array."""
     import ctypes
 
     from codegen import cuda, nn
@@ -339,19 +351,32 @@ def _recorded_launches(monkeypatch, problem, families, tensors):
 
     file = SeedKernels(families).find(problem, "any")
     assert not isinstance(file, str), file
-    launches, maps = [], []
-    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args: launches.append(
-        {"func": func, "grid": list(grid), "block": list(block), "smem": smem, "args": args}))
+    steps = file.manifest["kernels"]
+
+    def launch(func, grid, block, smem, stream, params):
+        step = steps[int(func.removeprefix("fn"))]
+        launches.append({"func": func, "grid": list(grid), "block": list(block), "smem": smem, "stream": stream,
+                         "args": _decode(step, params)})
+
+    monkeypatch.setattr(cuda, "launch_prepared", launch)
     monkeypatch.setattr(cuda, "encode_tensor_map", lambda enc, address: maps.append((enc, address)) or
-                        (ctypes.c_ubyte * 128)())
+                        (ctypes.c_ubyte * 128).from_buffer_copy(address.to_bytes(8, "little") * 16))
     monkeypatch.setattr(nn, "_make_current", lambda ctx: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(nn, "_current_stream", lambda index: 0)
     k = nn._Compiled.__new__(nn._Compiled)
     k.cuda, k.manifest, k.problem, k.device, k.ctx, k.sms = cuda, file.manifest, problem, torch.device("cpu"), None, 132
-    k.functions = [f"fn{i}" for i in range(len(file.manifest["kernels"]))]
+    k.functions = [f"fn{i}" for i in range(len(steps))]
     k.workspace, k.zero_first, k.maps = file.manifest["workspace_bytes"], file.manifest["zero_output_first"], {}
+    k.prepare()
+    return file.manifest, k
+
+
+def _recorded_launches(monkeypatch, problem, families, tensors):
+    """One call of codegen.nn's launcher for ``problem``'s built-in seed, the driver replaced (``_compiled``)."""
+    launches, maps = [], []
+    manifest, k = _compiled(monkeypatch, problem, families, launches, maps)
     k(tensors)
-    return file.manifest, launches, maps
+    return manifest, launches, maps
 
 
 def test_the_forward_launch_passes_each_operand_where_the_manifest_names_it(monkeypatch):
