@@ -6,8 +6,9 @@ Builds a gemmscape ``Linear`` (4096 -> 4096, with bias) whose three GEMMs are th
 seeds (codegen.bundle.SeedKernels, as benchmarks/linear_train.py picks them), each set up as
 codegen.nn sets up a loaded kernel but with no module behind it; then replaces the driver calls
 (cuLaunchKernel, the tensor-map encoder, the current-context check, torch's current stream) and
-torch's ``zero_`` by no-ops, and times on CPU tensors, per batch and dtype: a forward under no_grad,
-and a train step (forward, then ``torch.autograd.grad`` for dX, dW, db). What is left is the Python
+torch's ``zero_`` by no-ops, and times on CPU tensors, per batch and dtype: codegen.nn's forward GEMM
+called alone (``linear_forward``: lookup, output, launch), the layer's forward under no_grad, and a
+train step (forward, then ``torch.autograd.grad`` for dX, dW, db). What is left is the Python
 path a call takes before and around its launches (the layer, autograd, the lookups, filling the
 arguments), plus torch's CPU allocator for the outputs and workspace; the driver's own launch cost
 (a few µs per kernel on a GPU) is not in it. Prints µs per call, labelled "CPU path, driver replaced".
@@ -98,13 +99,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from codegen import nn
+
     _patch_driver()
     print("CPU path, driver replaced (no-op launches; torch's CPU allocator for outputs and workspace)")
-    print(f"{'batch':>6s} {'dtype':5s} {'forward us':>11s} {'train step us':>14s}")
+    print(f"{'batch':>6s} {'dtype':5s} {'GEMM call us':>13s} {'forward us':>11s} {'train step us':>14s}")
     for batch in args.batches:
         for dtype in args.dtypes:
             lin, x, dy = layer(batch, dtype)
             params = [x, lin.weight, lin.bias]
+
+            def gemm(lin=lin, x=x):
+                with torch.no_grad():
+                    nn.linear_forward(lin.kernels, x, lin.weight, lin.bias)
 
             def forward(lin=lin, x=x):
                 with torch.no_grad():
@@ -113,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             def train(lin=lin, x=x, dy=dy, params=params):
                 torch.autograd.grad(lin(x), params, dy)
 
-            fwd, step = per_call_us(forward, args.calls), per_call_us(train, args.calls // 4 or 1)
-            print(f"{batch:6d} {dtype:5s} {fwd:11.1f} {step:14.1f}", flush=True)
+            one, fwd = per_call_us(gemm, args.calls), per_call_us(forward, args.calls)
+            step = per_call_us(train, args.calls // 4 or 1)
+            print(f"{batch:6d} {dtype:5s} {one:13.1f} {fwd:11.1f} {step:14.1f}", flush=True)
     return 0
 
 
