@@ -631,3 +631,12 @@ def test_a_new_batch_size_gets_its_own_problems_and_kernels(monkeypatch):
     assert (a[0].m, a[0].k, a[0].n, c[0].m, a[0].bias, d[0].bias) == (32, 4096, 1024, 64, True, False)
     assert found == [a[0], c[0], d[0]]
     assert kernels.used(c[0], dev) == "k64"
+
+
+def test_a_kernel_argument_the_layer_does_not_know_makes_the_kernel_unusable():
+    """Found when the kernel is prepared (a fallback with its reason), not at a call."""
+    problem = linear_problems(8, 16, 24, DType.fp32, True)[Layout.forward]
+    step = {"args": [{"name": "Y"}, {"name": "Q"}], "block": [128, 1, 1], "grid_for_problem": [1, 1, 1],
+            "dynamic_smem_bytes": 0}
+    with pytest.raises(nn._Unusable, match="kernel argument 'Q' is not one codegen.nn knows for the forward layout"):
+        nn._Step("f", step, problem, 132, "k")
