@@ -192,3 +192,9 @@ class Event:
     def elapsed_ms(self, start: Event) -> float:
         check(driver.cuEventSynchronize(self.event), "cuEventSynchronize")
         return float(check(driver.cuEventElapsedTime(start.event, self.event), "cuEventElapsedTime"))
+
+
+def launch_prepared(func, grid, block, smem: int, stream, params: int) -> None:
+    """Launch with a prepared argument array: ``params`` is the address of an array of pointers, one
+    per kernel argument, each to that argument's value (codegen.nn fills the values in place)."""
+    check(driver.cuLaunchKernel(func, *grid, *block, smem, stream, params, 0), "cuLaunchKernel")
