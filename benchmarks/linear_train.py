@@ -1,18 +1,23 @@
 """The whole linear layer on the GPU: nn.Linear against gemmscape's Linear (codegen.nn), in one run.
 
     python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--out DIR] [--reps N] [--no-bias]
-                                       [--batches 32 4096] [--dtypes bf16 fp32] [--modes forward train]
+                                       [--batches 32 4096] [--dtypes bf16 fp32] [--modes forward train] [--graphs]
 
 For each batch (in = out = 4096, with bias as nn.Linear has by default, or --no-bias), dtype and mode: the
 layer's ``forward`` alone (under no_grad), or ``train``, forward then backward with a given dY
 (``torch.autograd.grad`` for dX, dW, db). Both layers share one weight and bias, and are timed in
-alternating rounds, each call alone between CUDA events after an L2 flush. Kernels come from the
+alternating rounds, each call alone between CUDA events after an L2 flush: ``eager`` timing, which
+counts the host's work before each launch (Python, autograd, codegen.nn's lookups). With ``--graphs``
+each case is also timed as ``cuda_graph``: both layers' calls (train: forward + autograd.grad) captured
+in a CUDA graph after a warm-up on a side stream, and the graph's replays timed the same way, so the
+figure is the GPU's time without the host's launch cost; each record says which (``timing``). Kernels come from the
 bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
 search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
 torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
-of both layers is compared with float64 first; ours past the dtype's bound makes the record
+of both layers (for graphs: from a replay into outputs poisoned with NaN) is compared with float64 first; ours past the dtype's bound makes the record
 `wrong_result` with no ratio. Writes ``linear-<device>-<UTC date-time>.json`` (format: DESIGN.md; layout ``forward`` or
-``train``, baseline ``torch_linear``) to benchmarks/results/ or DIR. About 40 s on an H200.
+``train``, baseline ``torch_linear``) to benchmarks/results/ or DIR. About 40 s on an H200 (eager;
+--graphs adds the graph records, not yet timed on the device).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
 MODES = ("forward", "train")
+TIMINGS = ("eager", "cuda_graph")
 DTYPES = ("bf16", "fp32")
 BATCHES = (32, 4096)
 FLUSH_BYTES = 256 << 20
@@ -66,13 +72,16 @@ def stats(times: list[float]) -> dict:
             "min_ms": ordered[0], "max_ms": ordered[-1], "reps": len(ordered)}
 
 
-def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_error: dict, selection: str) -> dict:
-    """One DESIGN.md record: ours (which kernel ran each GEMM), the torch_linear baseline, the ratio."""
+def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_error: dict, selection: str,
+           timing: str = "eager") -> dict:
+    """One DESIGN.md record: ours (which kernel ran each GEMM), the torch_linear baseline, the ratio, and
+    how the calls were timed (``eager`` calls or ``cuda_graph`` replays)."""
     mine, theirs = stats(ours), stats(base)
     named = [v for v in gemms.values() if v and not v.startswith("torch")]
     wrong = check(case, rel_error)
     return {
         "problem": case.problem(),
+        "timing": timing,
         "ours": {"kernel": " + ".join(named) if named else None, "gemms": gemms, **mine,
                  "tflops": case.flops / (mine["median_ms"] * 1e-3) / 1e12, "rel_error": rel_error,
                  "status": f"wrong_result: {', '.join(wrong)}" if wrong else "ok",
@@ -83,11 +92,11 @@ def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_er
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'batch':>6s} {'dtype':5s} {'mode':8s} {'nn.Linear us':>13s} {'ours us':>9s} {'ratio':>6s}  gemms"]
+    lines = [f"{'batch':>6s} {'dtype':5s} {'mode':8s} {'timing':10s} {'nn.Linear us':>13s} {'ours us':>9s} {'ratio':>6s}  gemms"]
     for r in records:
         p, o = r["problem"], r["ours"]
         gemms = ", ".join(f"{k}: {'torch' if str(v).startswith('torch') else 'gemmscape'}" for k, v in o["gemms"].items())
-        lines.append(f"{p['m']:6d} {p['dtype']:5s} {p['layout']:8s} {r['baselines']['torch_linear']['median_ms'] * 1e3:13.1f} "
+        lines.append(f"{p['m']:6d} {p['dtype']:5s} {p['layout']:8s} {r.get('timing', 'eager'):10s} {r['baselines']['torch_linear']['median_ms'] * 1e3:13.1f} "
                      f"{o['median_ms'] * 1e3:9.1f} {r['ratio']['torch_linear'] or float('nan'):6.2f}  {gemms}"
                      + ("" if o.get("status", "ok") == "ok" else f"  {o['status'].upper()}"))
     return "\n".join(lines)
@@ -119,10 +128,27 @@ def check(case: Case, rel: dict) -> list[str]:
     return [name for name, e in rel.items() if not name.endswith("_torch_linear") and not e <= bound]
 
 
-def measure(case: Case, kernels, reps: int, rounds: int = 5):
-    """Time nn.Linear and gemmscape's Linear on ``case`` (alternating rounds); their results' relative
-    errors against float64 (Frobenius; each output's status is judged in ``record``); which GEMM ran
-    what."""
+def capture(fn):
+    """A CUDA graph of ``fn`` (warmed up twice on a side stream first, as torch asks) and the outputs it
+    writes on each replay."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def measure(case: Case, kernels, reps: int, rounds: int = 5, timing: str = "eager"):
+    """Time nn.Linear and gemmscape's Linear on ``case`` (alternating rounds), as eager calls or as
+    replays of a CUDA graph of each (``timing``); their results' relative errors against float64
+    (Frobenius; each output's status is judged in ``record``); which GEMM ran what."""
     import torch
 
     from codegen.nn import Linear
@@ -145,20 +171,33 @@ def measure(case: Case, kernels, reps: int, rounds: int = 5):
         y = layer(x)
         return (y, *torch.autograd.grad(y, params, dy))
 
-    want, got = run(base), run(ours)  # warm-up, compiles and loads our kernels
+    layers = {"base": base, "ours": ours}
+    if timing == "eager":
+        outputs = {label: run(layer) for label, layer in layers.items()}  # warm-up, compiles and loads our kernels
+        calls = {label: (lambda layer=layer: run(layer)) for label, layer in layers.items()}
+    else:
+        outputs, calls = {}, {}
+        for label, layer in layers.items():
+            graph, outputs[label] = capture(lambda layer=layer: run(layer))
+            calls[label] = graph.replay
+            with torch.no_grad():  # a replay must write every output: poison them first
+                for t in outputs[label]:
+                    t.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
     exact = reference(case, x.detach(), base.weight.detach(), base.bias, dy)
     rel = {}
-    for (name, e), b, a in zip(exact.items(), got, want, strict=True):
+    for (name, e), b, a in zip(exact.items(), outputs["ours"], outputs["base"], strict=True):
         rel[name], rel[f"{name}_torch_linear"] = _rel(e, b), _rel(e, a)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = {"ours": [], "base": []}
     per_round = max(1, reps // rounds)
     for _ in range(rounds):
-        for label, layer in (("base", base), ("ours", ours)):
+        for label in ("base", "ours"):
             for _ in range(per_round):
                 flush.zero_()
                 start.record()
-                run(layer)
+                calls[label]()
                 end.record()
                 end.synchronize()
                 times[label].append(start.elapsed_time(end))
@@ -178,7 +217,7 @@ def device_info() -> dict:
             "nvrtc": nvrtc_version()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.linear_train", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--bundle", type=Path, help="kernels from this bundle (codegen export --bundle)")
@@ -190,7 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True,
                    help="layers with a bias, as nn.Linear's default (--no-bias: without)")
-    args = p.parse_args(argv)
+    p.add_argument("--graphs", action="store_true",
+                   help="also time each case as CUDA graph replays (GPU time without the host's launch cost); "
+                        "records say `timing`: eager or cuda_graph")
+    return p
+
+
+def timings(args: argparse.Namespace) -> tuple[str, ...]:
+    """How each case is timed: eager calls, and with --graphs CUDA graph replays too."""
+    return TIMINGS if args.graphs else ("eager",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     import torch
 
@@ -211,14 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     records = []
     for case in cases(args.batches, args.dtypes, args.modes, args.bias):
-        ours, base, gemms, rel = measure(case, kernels, args.reps)
-        records.append(record(case, ours, base, gemms, rel, selection))
-        print(table(records[-1:]).splitlines()[1], flush=True)
+        for timing in timings(args):
+            ours, base, gemms, rel = measure(case, kernels, args.reps, timing=timing)
+            records.append(record(case, ours, base, gemms, rel, selection, timing))
+            print(table(records[-1:]).splitlines()[1], flush=True)
     doc = {"suite": "linear", "date": stamp, "device": info["name"],
            "versions": {**versions(), "sm": info["sm"], "torch": info["torch"], "nvrtc": info["nvrtc"]},
            "command": "python3 -m benchmarks.linear_train " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": {"reps": args.reps, "rounds": 5, "l2_flush_bytes": FLUSH_BYTES,
-                      "note": "CUDA events around each call (train: forward + autograd.grad), alternating rounds"},
+                      "kinds": list(timings(args)),
+                      "note": "CUDA events around each call (train: forward + autograd.grad), alternating rounds; "
+                              "a record's `timing`: eager calls, or cuda_graph replays of the same calls captured"},
            "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"linear-{info['name'].replace(' ', '_')}-{stamp}.json"

@@ -23,6 +23,7 @@ from pathlib import Path
 from codegen import families
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
+from search import DEFAULT_SAMPLER, SAMPLERS
 
 DEFAULT_FAMILY = "simt"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -700,6 +701,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
     if problem.sparse:
         say(f"  problem {describe_problem(problem)}")
+    for line in summary.describe():
+        say(f"  {line}")
     if summary.failures:
         say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
     if best:
@@ -715,7 +718,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                           "store": store.location if store is not None else None,
                           "evaluated": summary.evaluated, "wall_s": summary.wall_s,
                           "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
-                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict()}))
+                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict(),
+                          "sampler": args.sampler, "seeded": summary.seeded, "handover": summary.handover,
+                          "proposals": {"all": summary.proposals, "sampler": summary.sampler_proposals,
+                                        "valid": summary.valid_proposals, "new": summary.new_proposals,
+                                        "replaced": summary.replaced, "valid_fraction": summary.valid_fraction},
+                          "times_s": summary.times}))
     return EXIT_OK if best else EXIT_FAILURE
 
 
@@ -1037,7 +1045,8 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p = command("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
     add_problem_args(p)
     add_family_arg(p, "whose space is searched")
-    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"], help="Optuna sampler")
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                   help=f"sampler (default {DEFAULT_SAMPLER}, chosen on the replay recordings: see README)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--budget", type=positive_int, default=200,
                    help="evaluated (compiled and run) trials, across resumed runs")

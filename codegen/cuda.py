@@ -178,15 +178,7 @@ def launch(func, grid, block, smem: int, stream, args: list, cluster=(1, 1, 1)) 
     clusters of that shape (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; the grid is
     in blocks and a multiple of it); otherwise a plain cuLaunchKernel."""
     holders = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    if tuple(cluster) == (1, 1, 1):
-        check(
-            driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(holders), 0),
-            "cuLaunchKernel",
-        )
-        return
-    config = cluster_config(grid, block, smem, stream, cluster)
-    check(driver.cuLaunchKernelEx(config, func, ctypes.addressof(holders), 0),
-          f"cuLaunchKernelEx(cluster {tuple(cluster)}, grid {tuple(grid)})")
+    launch_prepared(func, grid, block, smem, stream, ctypes.addressof(holders), tuple(cluster))
 
 
 def cluster_config(grid, block, smem: int, stream, cluster) -> driver.CUlaunchConfig:
@@ -217,3 +209,14 @@ class Event:
     def elapsed_ms(self, start: Event) -> float:
         check(driver.cuEventSynchronize(self.event), "cuEventSynchronize")
         return float(check(driver.cuEventElapsedTime(start.event, self.event), "cuEventElapsedTime"))
+
+
+def launch_prepared(func, grid, block, smem: int, stream, params: int, cluster: tuple = (1, 1, 1)) -> None:
+    """Launch with a prepared argument array: ``params`` is the address of an array of pointers, one
+    per kernel argument, each to that argument's value (codegen.nn fills the values in place). A
+    ``cluster`` (a tuple) other than (1, 1, 1) is a thread-block cluster launch (cuLaunchKernelEx)."""
+    if cluster == (1, 1, 1):
+        check(driver.cuLaunchKernel(func, *grid, *block, smem, stream, params, 0), "cuLaunchKernel")
+        return
+    config = cluster_config(grid, block, smem, stream, cluster)
+    check(driver.cuLaunchKernelEx(config, func, params, 0), f"cuLaunchKernelEx(cluster {cluster}, grid {tuple(grid)})")

@@ -45,6 +45,41 @@ OPERANDS = {
 OUTPUT = {Layout.forward: "y", Layout.grad_input: "grad_x", Layout.grad_weight: "grad_weight"}
 
 
+class _Step:
+    """One launch of a kernel, prepared once: what does not depend on the call's tensors (dims as
+    ctypes ints, the grid with its persistent cap, block, shared memory, the pointer array over the
+    argument values) is fixed; a call fills the pointer slots (``pointers``: index, role) and the tensor
+    maps' slots (``maps``: index, argument name, encoding) and launches."""
+
+    __slots__ = ("func", "grid", "cluster", "block", "smem", "args", "params", "address", "pointers", "maps")
+
+    def __init__(self, func, step: dict, problem: Problem, sms: int, kernel: str) -> None:
+        dims = {"M": problem.m, "N": problem.n, "K": problem.k}
+        roles = OPERANDS[problem.layout]
+        self.func, self.block, self.smem = func, tuple(step["block"]), step["dynamic_smem_bytes"]
+        self.cluster = tuple(step.get("cluster", (1, 1, 1)))  # a thread-block cluster launch when not (1, 1, 1)
+        self.grid = launched_grid(step["grid_for_problem"], bool(step.get("persistent")), self.cluster, sms)
+        self.args: list = []
+        self.pointers: list[tuple[int, str | None]] = []  # (slot, the tensor's role, "WS" or None: no such tensor)
+        self.maps: list[tuple[int, str, dict]] = []  # (slot, argument name, encoding)
+        for i, arg in enumerate(step["args"]):
+            name = arg["name"]
+            if "tensor_map" in arg:
+                self.maps.append((i, name, arg["tensor_map"]))
+                self.args.append(None)  # the map over this call's operand
+            elif name in dims:
+                self.args.append(ctypes.c_int(dims[name]))
+            elif name in POINTER_ARGS:
+                self.pointers.append((i, "WS" if name == "WS" else roles.get(name)))
+                self.args.append(ctypes.c_void_p())
+            else:
+                raise _Unusable(f"{kernel}: kernel argument {name!r} is not one codegen.nn knows for the "
+                                f"{problem.layout.value} layout")
+        self.params = (ctypes.c_void_p * max(len(self.args), 1))(
+            *[ctypes.addressof(a) if a is not None else None for a in self.args])
+        self.address = ctypes.addressof(self.params)
+
+
 class _Compiled:
     """One tuned kernel, compiled and loaded on one device; launched from its manifest."""
 
@@ -67,54 +102,61 @@ class _Compiled:
         self.workspace = int(self.manifest["workspace_bytes"])
         self.zero_first = bool(self.manifest["zero_output_first"])
         self.maps: dict[tuple[str, int], object] = {}
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Fix per launch step what no call changes (``_Step``), and the names of the arguments."""
+        name = self.manifest["name"]
+        self.steps = [_Step(func, step, self.problem, self.sms, name)
+                      for step, func in zip(self.manifest["kernels"], self.functions, strict=True)]
+        self.arg_names = frozenset(a["name"] for step in self.manifest["kernels"] for a in step["args"])
+        self.output = OUTPUT[self.problem.layout]
+        self.index = self.device.index or 0
+        self.streams: dict[int, object] = {}  # stream handle -> its driver wrapper
+        self.lock = threading.Lock()  # the steps' argument values are shared: one launch at a time fills them
 
     def __call__(self, tensors: dict[str, torch.Tensor | None]) -> None:
         """Launch the manifest's kernels on ``tensors`` (by role), on torch's current stream."""
-        driver = self.cuda.driver
-        p = self.problem
-        out = tensors[OUTPUT[p.layout]]
         if self.zero_first:
-            out.zero_()
+            tensors[self.output].zero_()
         ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device) if self.workspace else None
-        stream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
-        dims = {"M": p.m, "N": p.n, "K": p.k}
+        handle = _current_stream(self.index)
+        stream = self.streams.get(handle)
+        if stream is None:
+            if len(self.streams) > 64:
+                self.streams.clear()
+            stream = self.streams[handle] = self.cuda.driver.CUstream(handle)
         previous = _make_current(self.ctx)
         try:
-            self._launch(tensors, ws, stream, dims)
+            self._launch(tensors, ws, stream)
         finally:
             if previous is not None:  # the thread had another device's context current: give it back
                 _make_current(previous)
 
-    def _launch(self, tensors: dict, ws: torch.Tensor | None, stream, dims: dict) -> None:
-        cuda, p = self.cuda, self.problem
-        for step, func in zip(self.manifest["kernels"], self.functions, strict=True):
-            args = []
-            for arg in step["args"]:
-                name = arg["name"]
-                if "tensor_map" in arg:
-                    enc = arg["tensor_map"]
-                    base = self._pointer(enc["operand"], tensors, ws)
+    def _launch(self, tensors: dict, ws: torch.Tensor | None, stream) -> None:
+        cuda = self.cuda
+        with self.lock:
+            for step in self.steps:
+                args, params = step.args, step.params
+                for i, role in step.pointers:
+                    t = ws if role == "WS" else tensors.get(role) if role else None
+                    args[i].value = t.data_ptr() if t is not None else None
+                for i, name, enc in step.maps:
+                    base = self._map_base(enc["operand"], tensors, ws)
                     if base is None:
                         raise RuntimeError(f"{self.manifest['name']}: tensor map {name} views {enc['operand']}, "
                                            f"which this call does not have")
                     key = (name, base)
-                    if key not in self.maps:
+                    tmap = self.maps.get(key)
+                    if tmap is None:
                         if len(self.maps) > 64:
                             self.maps.clear()
-                        self.maps[key] = cuda.encode_tensor_map(enc, base)
-                    args.append(self.maps[key])
-                elif name in dims:
-                    args.append(ctypes.c_int(dims[name]))
-                elif name in POINTER_ARGS:
-                    args.append(ctypes.c_void_p(self._pointer(name, tensors, ws)))
-                else:
-                    raise RuntimeError(f"{self.manifest['name']}: kernel argument {name!r} is not one codegen.nn "
-                                       f"knows for the {p.layout.value} layout")
-            cluster = tuple(step.get("cluster", (1, 1, 1)))
-            grid = launched_grid(step["grid_for_problem"], bool(step.get("persistent")), cluster, self.sms)
-            cuda.launch(func, grid, step["block"], step["dynamic_smem_bytes"], stream, args, cluster)
+                        tmap = self.maps[key] = cuda.encode_tensor_map(enc, base)
+                    args[i] = tmap
+                    params[i] = ctypes.addressof(tmap)
+                cuda.launch_prepared(step.func, step.grid, step.block, step.smem, stream, step.address, step.cluster)
 
-    def _pointer(self, name: str, tensors: dict, ws: torch.Tensor | None) -> int | None:
+    def _map_base(self, name: str, tensors: dict, ws: torch.Tensor | None) -> int | None:
         if name == "WS":
             return ws.data_ptr() if ws is not None else None
         role = OPERANDS[self.problem.layout].get(name)
@@ -146,14 +188,28 @@ def _context(ordinal: int):
 
 def _make_current(ctx):
     """Make ``ctx`` current on this thread (autograd runs backward on a thread of its own); returns
-    the context it replaced (None: it was current already, or none was)."""
+    the context it replaced (None: it was current already, or none was). One cuCtxGetCurrent when it
+    is current already."""
     from codegen.cuda import check, driver
 
-    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    err, current = driver.cuCtxGetCurrent()
+    if not err and current == ctx:
+        return None
+    current = check((err, current), "cuCtxGetCurrent")
     if int(current) == int(ctx):
         return None
     check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return current if int(current) else None
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(index: int) -> int:
+    """The handle of torch's current stream on device ``index``."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 class Kernels:
@@ -163,6 +219,7 @@ class Kernels:
     def __init__(self, source) -> None:
         self.source = source
         self._compiled: dict[tuple[Problem, str], _Compiled | str] = {}
+        self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = {}  # a call's GEMM -> its kernel (_gemm())
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.fallbacks: dict[tuple[str, str], str] = {}  # (problem key, device) -> reason, for inspection
@@ -253,21 +310,20 @@ def _ready(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _problems(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor, bias: bool,
-              layout: Layout) -> dict[Layout, Problem] | None:
-    """The layer's three GEMMs for 2-D ``x`` [batch, in] and ``weight`` [out, in]; None (a fallback,
-    reported once) where gemmscape has no kernels of this kind at all."""
-    dtype = DTYPES.get(x.dtype)
+def _problems(kernels: Kernels, m: int, k: int, n: int, dtype: torch.dtype, weight_dtype: torch.dtype,
+              device: torch.device, bias: bool, layout: Layout) -> dict[Layout, Problem] | None:
+    """The three GEMMs of a layer [k -> n] at m rows, x of ``dtype`` and weight of ``weight_dtype``; None
+    (a fallback, reported once) where gemmscape has no kernels of this kind at all."""
+    ours = DTYPES.get(dtype)
     why = None
-    if dtype is None or weight.dtype != x.dtype:
-        what = f"{x.dtype}" if weight.dtype == x.dtype else f"{x.dtype} with {weight.dtype}"
+    if ours is None or weight_dtype != dtype:
+        what = f"{dtype}" if weight_dtype == dtype else f"{dtype} with {weight_dtype}"
         why = f"gemmscape has no {what} kernels"
-    elif 0 in (x.shape[0], weight.shape[0], weight.shape[1]):
+    elif 0 in (m, n, k):
         why = "an empty GEMM"
     if why is None:
-        return linear_problems(x.shape[0], weight.shape[1], weight.shape[0], dtype, bias)
-    key = (f"{x.shape[0]}x{weight.shape[0]}x{weight.shape[1]}_{str(x.dtype).removeprefix('torch.')}_{layout.value}",
-           str(x.device))
+        return linear_problems(m, k, n, ours, bias)
+    key = (f"{m}x{n}x{k}_{str(dtype).removeprefix('torch.')}_{layout.value}", str(device))
     with kernels._lock:
         if key in kernels._said:
             return None
@@ -277,15 +333,33 @@ def _problems(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor, bias: boo
     return None
 
 
+_UNSEEN = object()
+
+
+def _gemm(kernels: Kernels, layout: Layout, batch: int, in_features: int, out_features: int, dtype: torch.dtype,
+         weight_dtype: torch.dtype, device: torch.device, bias: bool) -> tuple[Problem, _Compiled] | None:
+    """The ``layout`` GEMM of a layer [in_features -> out_features] at ``batch`` rows: its problem and
+    compiled kernel, or None (torch's op runs; the reason is logged once). Resolved once per shape,
+    dtypes, bias and device, then read from a dict."""
+    key = (layout, batch, in_features, out_features, dtype, weight_dtype, bias, device)
+    got = kernels._gemms.get(key, _UNSEEN)
+    if got is _UNSEEN:
+        got = None
+        problems = _problems(kernels, batch, in_features, out_features, dtype, weight_dtype, device, bias, layout)
+        if problems is not None:
+            compiled = kernels.kernel(problems[layout], device)
+            got = (problems[layout], compiled) if compiled is not None else None
+        kernels._gemms[key] = got
+    return got
+
+
 def linear_forward(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Y = x·weightᵀ (+ bias) for a 2-D x."""
-    problems = _problems(kernels, x, weight, bias is not None, Layout.forward)
-    if problems is None:
+    found = _gemm(kernels, Layout.forward, x.shape[0], weight.shape[1], weight.shape[0], x.dtype, weight.dtype,
+                 x.device, bias is not None)
+    if found is None or x.shape[1] != weight.shape[1]:
         return F.linear(x, weight, bias)
-    problem = problems[Layout.forward]
-    k = kernels.kernel(problem, x.device)
-    if k is None:
-        return F.linear(x, weight, bias)
+    problem, k = found
     x, weight = _ready(x), _ready(weight)
     bias = _ready(bias) if bias is not None else None
     y = torch.empty((problem.m, problem.n), dtype=x.dtype, device=x.device)
@@ -295,13 +369,11 @@ def linear_forward(kernels: Kernels, x: torch.Tensor, weight: torch.Tensor, bias
 
 def linear_grad_input(kernels: Kernels, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """dX = dY·weight."""
-    problems = _problems(kernels, grad_y, weight, False, Layout.grad_input)
-    if problems is None:
+    found = _gemm(kernels, Layout.grad_input, grad_y.shape[0], weight.shape[1], weight.shape[0], grad_y.dtype,
+                 weight.dtype, grad_y.device, False)
+    if found is None or grad_y.shape[1] != weight.shape[0]:
         return grad_y @ weight
-    problem = problems[Layout.grad_input]
-    k = kernels.kernel(problem, grad_y.device)
-    if k is None:
-        return grad_y @ weight
+    problem, k = found
     grad_y, weight = _ready(grad_y), _ready(weight)
     grad_x = torch.empty((problem.m, problem.n), dtype=grad_y.dtype, device=grad_y.device)
     k({"grad_x": grad_x, "grad_y": grad_y, "weight": weight})
@@ -311,22 +383,14 @@ def linear_grad_input(kernels: Kernels, grad_y: torch.Tensor, weight: torch.Tens
 def linear_grad_weight(kernels: Kernels, grad_y: torch.Tensor, x: torch.Tensor,
                        bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """dW = dYᵀ·x, and db = Σ_batch dY when the layer has a bias."""
-    weight_like = torch.empty((grad_y.shape[1], x.shape[1]), dtype=x.dtype, device="meta")  # the shape of dW
-
-    def torch_op():
+    found = _gemm(kernels, Layout.grad_weight, grad_y.shape[0], x.shape[1], grad_y.shape[1], grad_y.dtype, x.dtype,
+                 grad_y.device, bias)
+    if found is None or grad_y.shape[0] != x.shape[0]:
         return grad_y.t() @ x, (grad_y.sum(0) if bias else None)
-
-    problems = _problems(kernels, grad_y, weight_like, bias, Layout.grad_weight)
-    if problems is None:
-        return torch_op()
-    problem = problems[Layout.grad_weight]
-    k = kernels.kernel(problem, grad_y.device)
-    if k is None:
-        return torch_op()
+    problem, k = found
     grad_y, x = _ready(grad_y), _ready(x)
     grad_w = torch.empty((problem.m, problem.n), dtype=x.dtype, device=x.device)
-    names = {a["name"] for step in k.manifest["kernels"] for a in step["args"]}
-    writes_db = bias and bool(names & {"B", "DB"})
+    writes_db = bias and not k.arg_names.isdisjoint(("B", "DB"))
     grad_b = torch.empty((problem.m,), dtype=x.dtype, device=x.device) if writes_db else None
     k({"grad_weight": grad_w, "grad_y": grad_y, "x": x, "grad_bias": grad_b})
     if bias and grad_b is None:  # the kernel computes dW only: db from torch
@@ -387,9 +451,14 @@ class Linear(nn.Linear):
         return self._run(x, weight, bias)
 
     def _run(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = _LinearFunction.apply(x.reshape(-1, self.in_features), weight, bias, self.kernels)
-        return y.reshape(*lead, self.out_features)
+        flat = x.dim() == 2
+        x2 = x if flat else x.reshape(-1, self.in_features)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad)):
+            y = _LinearFunction.apply(x2, weight, bias, self.kernels)
+        else:  # nothing to differentiate: the forward GEMM without autograd's bookkeeping
+            y = linear_forward(self.kernels, x2, weight, bias)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         where = getattr(self.kernels.source, "location", None) or "none"

@@ -263,12 +263,7 @@ def resumed(study: str) -> Seeding:
 
 
 def study_started(store, study: str) -> bool:
-    """Whether the Optuna study ``study`` in the store has trials (a run of it seeded it already)."""
+    """Whether the store holds trials of the study ``study`` (a run of it seeded it already)."""
     if store is None or not store.ready:
         return False
-    storage = store.optuna_storage()
-    try:
-        study_id = storage.get_study_id_from_name(study)
-    except KeyError:
-        return False
-    return storage.get_n_trials(study_id) > 0
+    return store.count_trials(study) > 0

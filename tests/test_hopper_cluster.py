@@ -210,20 +210,32 @@ def test_nn_launches_a_cluster_manifest_with_its_cluster(monkeypatch):  # record
     spec = Spec(cluster=2, persistent=True, bias=True)
     manifest = json.loads(export_files(spec, problem, None, "sm_90")[1])
     launches = []
-    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args, cluster=(1, 1, 1):
-                        launches.append((func, list(grid), tuple(cluster), len(args))))
+    monkeypatch.setattr(cuda, "launch_prepared", lambda func, grid, block, smem, stream, params, cluster=(1, 1, 1):
+                        launches.append((func, tuple(grid), cluster)))
     monkeypatch.setattr(cuda, "encode_tensor_map", lambda enc, address: (ctypes.c_ubyte * 128)())
     monkeypatch.setattr(nn, "_make_current", lambda ctx: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(nn, "_current_stream", lambda index: 0)
     k = nn._Compiled.__new__(nn._Compiled)
     k.cuda, k.manifest, k.problem, k.device, k.ctx, k.sms = cuda, manifest, problem, torch.device("cpu"), None, 3
     k.functions, k.workspace, k.zero_first, k.maps = ["fn"], 0, False, {}
+    k.prepare()
     t = {"y": torch.empty(300, 250, dtype=torch.bfloat16), "x": torch.zeros(300, 72, dtype=torch.bfloat16),
          "weight": torch.zeros(250, 72, dtype=torch.bfloat16), "bias": torch.zeros(250, dtype=torch.bfloat16)}
     k(t)
     # 3 m-tiles -> 2 pairs = 4 blocks; 3 multiprocessors take one whole pair.
     assert manifest["kernels"][0]["grid_for_problem"] == [4, 1, 1]
-    assert launches == [("fn", [2, 1, 1], (2, 1, 1), 7)]
+    assert launches == [("fn", (2, 1, 1), (2, 1, 1))]
+
+
+def test_cuda_launch_prepared_takes_the_cluster_too(monkeypatch):  # recorded, not run
+    cuda, calls = _recorder(monkeypatch)
+    stream = cuda.driver.CUstream(0)
+    cuda.launch_prepared("f", (4, 2, 1), (384, 1, 1), 0, stream, 1234, (2, 1, 1))
+    cuda.launch_prepared("f", (4, 2, 1), (384, 1, 1), 0, stream, 1234)
+    (ex, (config, func, params, extra)), (plain, args) = calls
+    assert (ex, func, params, extra, plain) == ("cuLaunchKernelEx", "f", 1234, 0, "cuLaunchKernel")
+    assert (config.gridDimX, config.gridDimY) == (4, 2) and config.attrs[0].value.clusterDim.x == 2
+    assert args[:7] == ("f", 4, 2, 1, 384, 1, 1) and args[-2:] == (1234, 0)
 
 
 # ---- compiler tier ---------------------------------------------------------------------------------

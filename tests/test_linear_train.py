@@ -67,3 +67,40 @@ def test_the_float64_reference_is_the_layer_s_three_gemms():
     assert torch.allclose(ref["y"], (x @ w.T + b).double(), atol=1e-5)
     assert torch.allclose(ref["dx"], (dy @ w).double(), atol=1e-5) and ref["dw"].shape == (3, 7)
     assert list(lt.reference(lt.Case(5, "fp32", "forward", features=7), x, w, None, dy)) == ["y"]
+
+
+def test_graphs_add_cuda_graph_records_beside_the_eager_ones():
+    """--graphs: each case timed as eager calls and as CUDA graph replays; a record says which, and the
+    float64 gate judges both alike (made-up timings and errors)."""
+    assert lt.timings(lt.parser().parse_args([])) == ("eager",)
+    args = lt.parser().parse_args(["--graphs", "--batches", "32", "--modes", "train"])
+    assert args.graphs and args.batches == [32] and lt.timings(args) == ("eager", "cuda_graph")
+    case = lt.Case(32, "bf16", "train")
+    gemms = {"forward": "k", "grad_input": "k", "grad_weight": "k"}
+    eager = lt.record(case, [0.3] * 5, [0.2] * 5, gemms, {"y": 3e-3}, "x")
+    graph = lt.record(case, [0.1] * 5, [0.2] * 5, gemms, {"y": 3e-3}, "x", "cuda_graph")
+    wrong = lt.record(case, [0.1] * 5, [0.2] * 5, gemms, {"y": float("nan")}, "x", "cuda_graph")
+    assert (eager["timing"], graph["timing"]) == ("eager", "cuda_graph")
+    assert graph["ratio"]["torch_linear"] == pytest.approx(2.0) and eager["ratio"]["torch_linear"] == pytest.approx(2 / 3)
+    assert wrong["ours"]["status"] == "wrong_result: y" and wrong["ratio"]["torch_linear"] is None
+    lines = lt.table([eager, graph]).splitlines()
+    assert "timing" in lines[0] and " eager " in lines[1] and " cuda_graph " in lines[2] and "2.00" in lines[2]
+
+
+def test_nn_overhead_prints_the_cpu_path_with_the_driver_replaced():
+    """benchmarks/nn_overhead.py in a process of its own (it replaces driver calls and torch's zero_)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "benchmarks.nn_overhead", "--calls", "20", "--batches", "32",
+                          "--dtypes", "bf16"], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("CPU path, driver replaced") and "GEMM call us" in lines[1]
+    cells = lines[2].split()
+    assert cells[:2] == ["32", "bf16"] and all(float(c) > 0 for c in cells[2:5])

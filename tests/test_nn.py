@@ -16,6 +16,8 @@ from codegen.problem import DType, Layout, Problem, linear_problems
 from codegen.tune import LayerShape, generated, layer_problems
 
 torch = pytest.importorskip("torch")
+from codegen import nn  # noqa: E402  (after torch: the layer needs it)
+
 F = torch.nn.functional
 
 RECORDING = Path(__file__).resolve().parents[1] / "search/recordings/replay-simt-skinny-32x4096x4096-fp32.json"
@@ -329,9 +331,23 @@ def test_kernels_from_takes_bundles_stores_and_urls(tuned, tmp_path):
 
 
 # ---- the launch a manifest asks for, with the driver REPLACED by a recorder (no GPU here) ---------------
-def _recorded_launches(monkeypatch, problem, families, tensors):
-    """Run codegen.nn's launcher for ``problem``'s built-in seed with cuda.launch, the tensor-map
-    encoder, the context and the stream replaced by recorders (CPU tensors give the pointers)."""
+def _decode(step: dict, params: int) -> list:
+    """A launch's argument values read back through its pointer array (the kernel's view): each slot
+    points at a c_int (M, N, K), a pointer, or a tensor map's 128 bytes, as the manifest names it."""
+    import ctypes
+
+    slots = (ctypes.c_void_p * len(step["args"])).from_address(params)
+    kinds = [(ctypes.c_ubyte * 128) if "tensor_map" in a else ctypes.c_int if a["name"] in ("M", "N", "K") else ctypes.c_void_p
+             for a in step["args"]]
+    return [kind.from_buffer_copy(kind.from_address(slot)) for kind, slot in zip(kinds, slots, strict=True)]
+
+
+def _compiled(monkeypatch, problem, families, launches, maps):
+    """codegen.nn's launcher for ``problem``'s built-in seed with cuda.launch_prepared, the tensor-map
+    encoder, the context and the stream replaced by recorders (CPU tensors give the pointers); each
+    launch is recorded into ``launches`` with its arguments as read through its pointer array, and
+    each map encoded into ``maps`` (the recorder's map holds its base address). Kernels prepared in
+    one test share the recorder, each function named <kernel>#<step>."""
     import ctypes
 
     from codegen import cuda, nn
@@ -339,19 +355,40 @@ def _recorded_launches(monkeypatch, problem, families, tensors):
 
     file = SeedKernels(families).find(problem, "any")
     assert not isinstance(file, str), file
-    launches, maps = [], []
-    monkeypatch.setattr(cuda, "launch", lambda func, grid, block, smem, stream, args, cluster=(1, 1, 1): launches.append(
-        {"func": func, "grid": list(grid), "block": list(block), "smem": smem, "args": args, "cluster": cluster}))
-    monkeypatch.setattr(cuda, "encode_tensor_map", lambda enc, address: maps.append((enc, address)) or
-                        (ctypes.c_ubyte * 128)())
-    monkeypatch.setattr(nn, "_make_current", lambda ctx: None)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    record = cuda.launch_prepared
+    if not hasattr(record, "steps"):
+        def record(func, grid, block, smem, stream, params, cluster=(1, 1, 1)):
+            step = record.steps[func]
+            record.launches.append({"func": func, "grid": list(grid), "block": list(block), "smem": smem,
+                                    "stream": stream, "cluster": cluster, "names": [a["name"] for a in step["args"]],
+                                    "args": _decode(step, params)})
+
+        def encode(enc, address):
+            record.maps.append((enc, address))
+            return (ctypes.c_ubyte * 128).from_buffer_copy(address.to_bytes(8, "little") * 16)
+
+        record.steps = {}
+        monkeypatch.setattr(cuda, "launch_prepared", record)
+        monkeypatch.setattr(cuda, "encode_tensor_map", encode)
+        monkeypatch.setattr(nn, "_make_current", lambda ctx: None)
+        monkeypatch.setattr(nn, "_current_stream", lambda index: 0)
+    record.launches, record.maps = launches, maps
+    names = [f"{file.manifest['name']}#{i}" for i in range(len(file.manifest["kernels"]))]
+    record.steps.update(zip(names, file.manifest["kernels"], strict=True))
     k = nn._Compiled.__new__(nn._Compiled)
     k.cuda, k.manifest, k.problem, k.device, k.ctx, k.sms = cuda, file.manifest, problem, torch.device("cpu"), None, 132
-    k.functions = [f"fn{i}" for i in range(len(file.manifest["kernels"]))]
+    k.functions = names
     k.workspace, k.zero_first, k.maps = file.manifest["workspace_bytes"], file.manifest["zero_output_first"], {}
+    k.prepare()
+    return file.manifest, k
+
+
+def _recorded_launches(monkeypatch, problem, families, tensors):
+    """One call of codegen.nn's launcher for ``problem``'s built-in seed, the driver replaced (``_compiled``)."""
+    launches, maps = [], []
+    manifest, k = _compiled(monkeypatch, problem, families, launches, maps)
     k(tensors)
-    return file.manifest, launches, maps
+    return manifest, launches, maps
 
 
 def test_the_forward_launch_passes_each_operand_where_the_manifest_names_it(monkeypatch):
@@ -466,3 +503,140 @@ def test_built_in_seeds_put_the_hopper_family_first_for_large_16_bit_forward_lay
     assert seeds.spec_for(big[Layout.grad_input]).family == "tensorcore"  # hopper: forward only
     assert seeds.spec_for(linear_problems(32, 4096, 4096, DType.bf16)[Layout.forward]).family == "tensorcore"
     assert SeedKernels(arch="sm_80").spec_for(big[Layout.forward]).family == "tensorcore"
+
+
+# ---- the prepared per-call path: the same launches, call after call, with the driver REPLACED ----------
+ROLES = {Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias"},
+         Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight"},
+         Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias"}}
+
+
+def _tensors(seed: int, m: int, k: int, n: int, td) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"y": torch.full((m, n), float("nan"), dtype=td), "x": torch.randn(m, k, generator=g).to(td),
+            "weight": torch.randn(n, k, generator=g).to(td), "bias": torch.randn(n, generator=g).to(td),
+            "grad_x": torch.full((m, k), float("nan"), dtype=td), "grad_y": torch.randn(m, n, generator=g).to(td),
+            "grad_weight": torch.full((n, k), float("nan"), dtype=td), "grad_bias": torch.full((n,), float("nan"), dtype=td)}
+
+
+@pytest.mark.parametrize(("dtype", "layout", "families"), [
+    (DType.fp32, Layout.forward, None), (DType.bf16, Layout.forward, None), (DType.bf16, Layout.forward, {"bf16": ("hopper",)}),
+    (DType.fp32, Layout.grad_input, None), (DType.bf16, Layout.grad_weight, None), (DType.fp32, Layout.grad_weight, None)])
+def test_each_call_launches_what_the_manifest_asks_with_this_call_s_pointers(monkeypatch, dtype, layout, families):
+    """Three calls on the same prepared kernel with three sets of tensors: every launch carries the
+    manifest's grid (a persistent one capped at the SM count), block and shared memory, M, N, K as
+    ints, and each pointer and tensor map (the recorder's map holds its base address) over THIS call's
+    tensors, read back through the prepared pointer array; the workspace is one per call, shared by
+    its steps and the maps over it; a slot the layout gives no tensor stays null."""
+    m, k, n = 67, 91, 45
+    td = torch.float32 if dtype is DType.fp32 else torch.bfloat16
+    problem = linear_problems(m, k, n, dtype, True)[layout]
+    launches, maps = [], []
+    manifest, compiled = _compiled(monkeypatch, problem, families, launches, maps)
+    dims = {"M": problem.m, "N": problem.n, "K": problem.k}
+    seen_pointers = []
+    for seed in (1, 2, 3):
+        t = _tensors(seed, m, k, n, td)
+        before = len(launches)
+        compiled(t)
+        calls = launches[before:]
+        assert len(calls) == len(manifest["kernels"])
+        workspace = set()
+        for step, launch in zip(manifest["kernels"], calls, strict=True):
+            grid = list(step["grid_for_problem"])
+            if step.get("persistent"):
+                grid[0] = min(grid[0], 132)
+            assert (launch["grid"], launch["block"], launch["smem"]) == (grid, step["block"], step["dynamic_smem_bytes"])
+            for a, v in zip(step["args"], launch["args"], strict=True):
+                name = a["name"]
+                if "tensor_map" in a:
+                    base = bytes(v)[:8]
+                    operand = a["tensor_map"]["operand"]
+                    if operand == "WS":
+                        workspace.add(int.from_bytes(base, "little"))
+                    else:
+                        assert int.from_bytes(base, "little") == t[ROLES[layout][operand]].data_ptr(), name
+                elif name in dims:
+                    assert v.value == dims[name], name
+                elif name == "WS":
+                    assert (v.value is not None) == bool(manifest["workspace_bytes"])
+                    if v.value is not None:
+                        workspace.add(v.value)
+                elif name in ROLES[layout]:
+                    assert v.value == t[ROLES[layout][name]].data_ptr(), name
+                    seen_pointers.append((seed, name, v.value))
+                else:  # a slot the layout has no tensor for (B in backward kernels): null, as always
+                    assert v.value is None, name
+        assert len(workspace) == (1 if manifest["workspace_bytes"] else 0)
+        if manifest["zero_output_first"]:
+            assert torch.count_nonzero(t[nn.OUTPUT[layout]]) == 0
+    by_seed = {s: {(name, p) for s2, name, p in seen_pointers if s2 == s} for s in (1, 2, 3)}
+    assert by_seed[1] and by_seed[1].isdisjoint(by_seed[2]) and by_seed[2].isdisjoint(by_seed[3])
+
+
+def test_the_layer_passes_each_call_s_new_tensors_through_its_cached_gemms(monkeypatch):
+    """The layer's three GEMMs on the seeds' kernels (driver replaced), twice with new tensors of the
+    same shape: every pointer each launch passes is the tensor of its own call (inputs given, outputs
+    returned), and each GEMM was looked up once."""
+    gemms = linear_problems(24, 40, 56, DType.bf16, True)
+    launches, maps, loaded, asked = [], [], {}, []
+    for problem in gemms.values():
+        loaded[problem] = _compiled(monkeypatch, problem, None, launches, maps)[1]
+    layout_of = {k.manifest["name"]: p.layout for p, k in loaded.items()}
+    kernels = nn.Kernels(None)
+    monkeypatch.setattr(kernels, "_load", lambda problem, device: asked.append(problem) or loaded[problem])
+    for seed in (7, 8):
+        t = _tensors(seed, 24, 40, 56, torch.bfloat16)
+        start = len(launches)
+        y = nn.linear_forward(kernels, t["x"], t["weight"], t["bias"])
+        dx = nn.linear_grad_input(kernels, t["grad_y"], t["weight"])
+        dw, db = nn.linear_grad_weight(kernels, t["grad_y"], t["x"], True)
+        mine = {**t, "y": y, "grad_x": dx, "grad_weight": dw, "grad_bias": db}
+        checked = set()
+        for launch in launches[start:]:
+            layout = layout_of[launch["func"].split("#")[0]]
+            for name, v in zip(launch["names"], launch["args"], strict=True):
+                if name in ROLES[layout]:
+                    assert v.value == mine[ROLES[layout][name]].data_ptr(), (layout, name)
+                    checked.add((layout, name))
+        assert {("forward", "Y"), ("forward", "X"), ("grad_input", "DX"), ("grad_weight", "DW")} <= \
+            {(layout.value, name) for layout, name in checked}
+    assert sorted(p.layout.value for p in asked) == sorted(layout.value for layout in gemms)  # one lookup per GEMM
+
+
+def test_a_new_batch_size_gets_its_own_problems_and_kernels(monkeypatch):
+    """The per-call cache is keyed by the whole GEMM (layout, batch, in, out, dtypes, bias, device):
+    a second batch size is looked up anew, a repeated one is not."""
+    found = []
+
+    class Source:
+        def find(self, problem, device_name):
+            found.append(problem)
+            return problem  # stands for a KernelFile
+
+    class Loaded:
+        def __init__(self, file, problem, device):
+            self.problem, self.device = problem, device
+            self.manifest = {"name": f"k{problem.m}"}
+
+    monkeypatch.setattr(nn, "_Compiled", Loaded)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
+    kernels = nn.Kernels(Source())
+    dev = torch.device("cuda", 0)
+    a = nn._gemm(kernels, Layout.forward, 32, 4096, 1024, torch.bfloat16, torch.bfloat16, dev, True)
+    b = nn._gemm(kernels, Layout.forward, 32, 4096, 1024, torch.bfloat16, torch.bfloat16, dev, True)
+    c = nn._gemm(kernels, Layout.forward, 64, 4096, 1024, torch.bfloat16, torch.bfloat16, dev, True)
+    d = nn._gemm(kernels, Layout.forward, 32, 4096, 1024, torch.bfloat16, torch.bfloat16, dev, False)
+    assert a is b and a[1] is b[1] and len({id(a[1]), id(c[1]), id(d[1])}) == 3
+    assert (a[0].m, a[0].k, a[0].n, c[0].m, a[0].bias, d[0].bias) == (32, 4096, 1024, 64, True, False)
+    assert found == [a[0], c[0], d[0]]
+    assert kernels.used(c[0], dev) == "k64"
+
+
+def test_a_kernel_argument_the_layer_does_not_know_makes_the_kernel_unusable():
+    """Found when the kernel is prepared (a fallback with its reason), not at a call."""
+    problem = linear_problems(8, 16, 24, DType.fp32, True)[Layout.forward]
+    step = {"args": [{"name": "Y"}, {"name": "Q"}], "block": [128, 1, 1], "grid_for_problem": [1, 1, 1],
+            "dynamic_smem_bytes": 0}
+    with pytest.raises(nn._Unusable, match="kernel argument 'Q' is not one codegen.nn knows for the forward layout"):
+        nn._Step("f", step, problem, 132, "k")

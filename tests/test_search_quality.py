@@ -155,8 +155,10 @@ def sq_space():
 def test_end_to_end_on_the_recording_is_labelled_a_replay(tmp_path):
     """Plumbing and labels only (budget 12, 2 seeds): the numbers of such a tiny run mean nothing."""
     md = tmp_path / "t.md"
+    from tests.search.test_replay import RECORDING
+
     assert sq.main(["--samplers", "tpe", "random", "--seeds", "2", "--budget", "12", "--random-reference", "3",
-                    "--workers", "1", "--out", str(tmp_path), "--markdown", str(md), "--quiet"]) == 0
+                    "--recordings", str(RECORDING), "--workers", "1", "--out", str(tmp_path), "--markdown", str(md), "--quiet"]) == 0
     doc = json.loads(next(tmp_path.glob("search-quality-*.json")).read_text())
     assert doc["suite"] == "search-quality" and doc["measurement"].startswith("REPLAY")
     assert "no GPU" in doc["machine"]["note"] and doc["versions"]["optuna"] and doc["versions"]["numpy"]
@@ -174,3 +176,19 @@ def test_end_to_end_on_the_recording_is_labelled_a_replay(tmp_path):
     assert "| tpe |" in text and "replay-simt-4096x4096x4096-fp32.json" in text
     assert sq.main(["--from", str(next(tmp_path.glob("search-quality-*.json"))), "--markdown", str(md)]) == 0
     assert md.read_text() == text
+
+
+def test_search_cost_plumbing(tmp_path):
+    """Plumbing only (budgets 4 and 8, no store): the figures of such a run mean nothing."""
+    from benchmarks import search_cost
+    from tests.search.test_replay import RECORDING
+
+    assert search_cost.main(["--recording", str(RECORDING), "--samplers", "random", "--budgets", "4", "8",
+                             "--no-store", "--out", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("search-cost-*.json")).read_text())
+    assert doc["suite"] == "search-cost" and doc["measurement"].startswith("REPLAY") and doc["target_ratio"] == 2
+    assert [r["evaluated"] for r in doc["runs"]] == [4, 8] and doc["wall_ratio"]["random"] > 0
+    assert set(doc["runs"][1]["times_s"]) == {"sample", "check", "store", "compile_wait", "gpu"}
+    assert "H200" in doc["recording"]["recorded"]["where"]
+    with pytest.raises(SystemExit):
+        search_cost.main(["--budgets", "8", "4"])

@@ -236,3 +236,50 @@ def test_kernels_searched_on_the_h200_run_from_their_bundle(tmp_path, batch, fin
     assert _rel(y, want) < DType(dtype).rel_tol
     problem = linear_problems(batch, fin, fout, DType(dtype), False)[Layout.forward]
     assert _ran(ours.kernels, problem, x.device).startswith(f"tc_{dtype}_nobias")
+
+
+@pytest.mark.parametrize("dtype,families", [("fp32", None), ("bf16", {"bf16": ("hopper", "tensorcore")})])
+def test_cached_kernels_follow_new_tensors_batches_and_threads(dtype, families):
+    """codegen.nn's per-call cache (kernels looked up per GEMM, launch steps prepared once): alternating
+    batch sizes, fresh NaN-poisoned outputs and new inputs on every call, one call from a new thread
+    (no context current there) and one on a side stream; forward and gradients each against float64.
+    The bf16 forward takes the Hopper seed (tensor maps over new operands each call); every GEMM runs
+    a gemmscape kernel."""
+    import threading
+
+    from codegen.nn import Linear, kernels_from
+
+    td = TORCH[dtype]
+    kernels = kernels_from(SeedKernels(families))
+    torch.manual_seed(11)
+    layer = torch.nn.Linear(136, 72, device="cuda", dtype=td)
+    ours = Linear.from_linear(layer, kernels)
+    bound = DType(dtype).rel_tol
+
+    def check(batch: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        _poison_allocator((batch, 72), (batch, 136), (72, 136), dtype=td)
+        x = torch.randn(batch, 136, device="cuda", dtype=td, requires_grad=True)
+        dy = torch.randn(batch, 72, device="cuda", dtype=td)
+        y = ours(x)
+        dx, dw, db = torch.autograd.grad(y, [x, layer.weight, layer.bias], dy)
+        x64, w64, dy64 = x.detach().double(), layer.weight.detach().double(), dy.double()
+        for got, want in ((y, x64 @ w64.T + layer.bias.detach().double()), (dx, dy64 @ w64), (dw, dy64.T @ x64),
+                          (db, dy64.sum(0))):
+            assert _rel(got, want) <= bound, (batch, seed)
+
+    for i, batch in enumerate((257, 40, 257, 40, 300)):
+        check(batch, 20 + i)
+    errors = []
+    worker = threading.Thread(target=lambda: errors.append(None) if check(40, 30) is None else None)
+    worker.start()
+    worker.join()
+    assert errors == [None]  # check() raised nothing on the new thread
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        check(257, 31)
+    torch.cuda.synchronize()
+    for batch in (257, 40, 300):
+        for layout, problem in linear_problems(batch, 136, 72, DType(dtype), True).items():
+            assert _ran(kernels, problem, torch.device("cuda:0")) != "torch", (batch, layout)

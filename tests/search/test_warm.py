@@ -365,7 +365,7 @@ def test_cli_resumed_study_lists_no_seeds(history, capsys):
     assert run(argv, capsys)[0] == 0
     code, out, err = run([*argv[:-1], "--budget", "5"], capsys)
     assert code == 0, err
-    assert "resuming study gemmscape:4096x4096x4096_fp32_forward:replay:tpe:seed0:" in out
+    assert "resuming study gemmscape:4096x4096x4096_fp32_forward:replay:cmaes:seed0:" in out
     assert "  seed " not in out
 
 
