@@ -4,7 +4,7 @@ odd and aligned shapes (an odd count of m-tiles leaves the last pair's second bl
 16-bit types, bias, persistent or not, one or two consumer warpgroups, the pack prepass; the
 measured cubin runs the multicast load; an export runs from its manifest alone (cluster launch
 built from the manifest). A hang (the empty/full handshake across the pair) shows as the
-evaluator's timeout status."""
+evaluator's timeout status; codegen.nn.Linear runs an exported pair from its bundle."""
 
 from __future__ import annotations
 
@@ -88,3 +88,34 @@ def test_exported_pair_runs_from_its_manifest_alone(dtype, params):
     ref = to_float64(x, dtype) @ to_float64(w, dtype).T + to_float64(b, dtype)
     assert np.isfinite(y).all()
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < dtype.rel_tol
+
+
+def test_the_layer_runs_an_exported_pair(tmp_path):
+    """A pair kernel benched into a store, exported as a bundle, run by codegen.nn.Linear (a cluster
+    launch from its manifest) against float64, the output memory NaN-poisoned first."""
+    import torch
+
+    from codegen import cli
+    from codegen.nn import Linear
+    from codegen.problem import Layout, linear_problems
+
+    batch, fin, fout = 385, 200, 264  # 4 m-tiles of 128: 2 pairs, the last pair's second block past M
+    spec = Spec(cluster=2, bias=True, persistent=True)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    assert cli.main(["bench", "--kernel", spec.name, "--dtype", "bf16", "--m", str(batch), "--n", str(fout), "--k", str(fin), "--bias",
+                     "--db", url, "--no-baseline"]) == 0
+    assert cli.main(["export", "--bundle", str(tmp_path / "b"), "--db", url]) == 0
+    torch.manual_seed(3)
+    layer = torch.nn.Linear(fin, fout, device="cuda", dtype=torch.bfloat16)
+    ours = Linear.from_linear(layer, tmp_path / "b")
+    x = torch.randn(batch, fin, device="cuda", dtype=torch.bfloat16)
+    junk = torch.full((batch, fout), float("nan"), dtype=torch.bfloat16, device="cuda")
+    torch.cuda.synchronize()
+    del junk
+    with torch.no_grad():
+        y = ours(x)
+    want = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+    assert torch.isfinite(y).all()
+    assert float((y.double() - want).norm() / want.norm()) < DType.bf16.rel_tol
+    problem = linear_problems(batch, fin, fout, DType.bf16, True)[Layout.forward]
+    assert ours.kernels.used(problem, x.device) == spec.name
