@@ -66,6 +66,15 @@ def test_unclustered_sources_are_byte_identical_to_before_clusters():
     assert "cluster" not in render(Spec()).replace("shared::cluster", "").replace("release.cluster", "")
 
 
+def test_no_block_of_a_pair_loads_a_box_wholly_outside_its_tensor():
+    source = render(PAIR)
+    assert "if (m0 < M) tma_load(dst, TX" in source  # the second block of a last, odd pair
+    assert "const int slices = min(CLUSTER, (N - n0 + W_SLICE_ROWS - 1) / W_SLICE_ROWS);" in source
+    assert "if (rank < slices)\n                        tma_load_multicast(" in source
+    assert "const unsigned tx = (m0 < M ? A_BYTES : 0u) + slices * W_SLICE_BYTES;" in source
+    assert "W_SLICE_ROWS = 128;" in source and "W_SLICE_BYTES = 16384;" in source
+
+
 @pytest.mark.parametrize(
     "fields,reason",
     [

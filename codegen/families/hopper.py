@@ -37,7 +37,8 @@ peer's through its shared::cluster address). The kernel starts with a cluster ba
 barriers are initialized before anything lands in them) and ends with one (no block exits while
 its peer may still write into its shared memory or arrive on its barriers). An odd count of
 m-tiles leaves the pair's second block past M: it loads no X, still loads and multicasts its half
-of W, and stores nothing. The grid counts pairs (2 blocks each); a persistent grid strides over
+of W, and stores nothing; a half of W starting past N is loaded by neither block (no TMA box lies
+wholly outside its tensor). The grid counts pairs (2 blocks each); a persistent grid strides over
 pair tiles by the number of pairs launched. The launch needs ``cuLaunchKernelEx`` with a cluster
 dimension of (2, 1, 1) (``codegen.launch.KernelLaunch.cluster``).
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
