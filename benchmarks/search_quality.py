@@ -332,11 +332,18 @@ def versions_here() -> dict:
     return out
 
 
+def _searched_space(path: Path):
+    """The recording's space as a search sees it (the family's current dimensions)."""
+    from search.measure import ReplayMeasurer
+
+    return ReplayMeasurer(path).space
+
+
 def recording_info(path: Path) -> dict:
     data = json.loads(path.read_text())
     return {"file": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
             "recorded": data["recorded"], "device": data["device"], "problem": data["problem"],
-            "space": data["space"], "points_in_space": math.prod(len(v) for v in data["space"]["dims"].values()),
+            "space": data["space"], "points_in_space": _searched_space(path).size,
             "_results": data["results"]}
 
 

@@ -25,7 +25,7 @@ from codegen.evaluate import Built, Evaluator, InternalError, blank_result, buil
 from codegen.problem import Problem
 from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
-from search.space import Space
+from search.space import recorded_space
 from store.records import recorded_device_name
 
 REPLAY_FORMAT = "gemmscape-replay/1"
@@ -206,7 +206,8 @@ class ReplayMeasurer:
         self.recorded = data["recorded"]
         try:
             self.problem = Problem.from_dict(data["problem"])
-            self.space = Space.from_dict(data["space"])
+            # in the family's current dimensions (a recording may predate them)
+            self.space = recorded_space(data["space"]["family"], data["space"]["dims"], data["results"], self.problem)
         except (KeyError, TypeError, ValueError) as e:
             raise ReplayError(f"{path} is a damaged replay file: its problem or space cannot be read ({e})") from None
         if problem is not None and problem != self.problem:

@@ -4,6 +4,12 @@ Each dimension is an ordered list of choices; samplers pick an index (so TPE, CM
 see an ordinal axis, and the grid sampler enumerates indices). A restricted space is the same
 definition with fewer choices per dimension; it serializes to plain data (replay files carry it).
 Each family's space lives in ``search/spaces/<family>.py``; the functions here dispatch to it.
+
+Choices that a rule ties together are one dimension, so that a sampler cannot propose what the
+rule refuses: ``split`` is split-K with its reduction (``k1``: none; ``k4a``: 4 splits added
+atomically; ``k4r``: 4 splits reduced in a second pass), spelled as in kernel names
+(``split_value`` / ``split_of``). A replay recording written with an older space's dimensions is
+read through ``recorded_space``.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from codegen import families
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
 
-__all__ = ["Space", "narrowings", "point_of", "seeds", "space_for", "to_spec"]
+__all__ = ["Space", "narrowings", "point_of", "recorded_space", "seeds", "space_for", "split_choices", "split_of",
+           "split_value", "to_spec"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,49 @@ class Space:
             return {k: self.dims[k].index(point[k]) for k in self.dims}
         except (KeyError, ValueError):
             return None
+
+
+_REDUCE_MARK = {"atomic": "a", "two_pass": "r"}
+
+
+def split_value(split_k: int, reduce: str) -> str:
+    """The ``split`` choice of ``split_k`` splits reduced by ``reduce`` (``k1`` when not split)."""
+    return "k1" if split_k == 1 else f"k{split_k}{_REDUCE_MARK.get(reduce, '?' + reduce)}"
+
+
+def split_of(value: str) -> tuple[int, str]:
+    """(split_k, reduce) of a ``split`` choice (the inverse of ``split_value``)."""
+    if value == "k1":
+        return 1, "none"
+    mark = value[-1]
+    reduce = next((r for r, m in _REDUCE_MARK.items() if m == mark), None)
+    if reduce is None or not value.startswith("k") or not value[1:-1].isdigit():
+        raise ValueError(f"{value!r} is not a split choice (k1, or k<splits> then a for atomic or r for two_pass)")
+    return int(value[1:-1]), reduce
+
+
+def split_choices(split_ks, reduces) -> tuple[str, ...]:
+    """The ``split`` dimension: no split, then each split count with each reduction, in order."""
+    return tuple(split_value(k, r) for k in split_ks for r in (reduces if k > 1 else ("none",)))
+
+
+def recorded_space(family: str, dims: dict, results: dict, problem: Problem) -> Space:
+    """The space of a replay recording in the family's current dimensions. A recording written
+    with the current dimensions is read as it is; an older one (e.g. ``copy`` and ``stages``, or
+    ``split_k`` and ``reduce``, as separate dimensions) becomes the family's space narrowed to the
+    values its recorded kernels take (each kernel's name read back and mapped through
+    ``point_of``). The older space was a product of its dimensions and the current dimensions are
+    functions of disjoint groups of them, so the valid points are the same kernels."""
+    space = Space(family, {k: tuple(v) for k, v in dims.items()})
+    full = space_for(family, problem.dtype, block=problem.block, layout=problem.layout)
+    if set(space.dims) == set(full.dims):
+        return space
+    seen: dict[str, set] = {k: set() for k in full.dims}
+    for name in results:
+        point = point_of(families.spec_from_name(name))
+        for k in full.dims:
+            seen[k].add(point[k])
+    return Space(family, {k: tuple(v for v in full.dims[k] if v in seen[k]) for k in full.dims})
 
 
 def _module(family: str):

@@ -10,9 +10,18 @@ from tqdm import tqdm
 from codegen.problem import Problem
 from codegen.render import render, source_hash
 from search.measure import REPLAY_FORMAT
-from search.space import Space
+from search.space import Space, recorded_space
 
 KEPT = ("status", "evidence", "median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio")
+
+
+def _space_of(recording: dict, problem: Problem) -> dict | None:
+    """A recording's space in the family's current dimensions (None: it has none that can be read)."""
+    try:
+        rec = recording["space"]
+        return recorded_space(rec["family"], rec["dims"], recording.get("results") or {}, problem).to_dict()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: int = 16, progress: bool = True,
@@ -22,7 +31,7 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
     With ``max_seconds`` no kernel is started after that long, and the document says it is partial.
     ``resume`` is an earlier partial recording of the same problem and space: its results whose
     source is still the one rendered now are kept, the rest measured, and the document says so."""
-    if resume is not None and (resume.get("problem") != problem.to_dict() or resume.get("space") != space.to_dict()):
+    if resume is not None and (resume.get("problem") != problem.to_dict() or _space_of(resume, problem) != space.to_dict()):
         raise ValueError("the recording to resume is of another problem or space")
     specs = {}
     for point in space.points():

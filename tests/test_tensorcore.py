@@ -135,9 +135,12 @@ def test_space_points_map_to_specs_and_back():
     problem = Problem(32, 4096, 4096, DType.bf16, bias=True)
     for spec in (Spec(bias=True, **SKINNY), Spec(bias=True, **dict(SQUARE, split_k=2, reduce="two_pass"))):
         assert to_spec("tensorcore", point_of(spec), problem) == spec
-    point = dict(point_of(Spec(**SQUARE)), mma="wmma", warps_k=2, split_k=4, reduce="atomic")
+    point = dict(point_of(Spec(**SQUARE)), mma="wmma", warps_k=2, split="k4r")
     derived = to_spec("tensorcore", point, problem)  # rules fix what they can instead of failing
-    assert (derived.smem, derived.epilogue, derived.reduce) == ("pad", "smem", "two_pass")
+    assert (derived.smem, derived.epilogue, derived.split_k, derived.reduce) == ("pad", "smem", 4, "two_pass")
+    # split-K and its reduction are one dimension: atomics only where the output is fp32 (tf32)
+    assert space.dims["split"] == ("k1", "k2r", "k4r", "k8r")
+    assert space_for("tensorcore", DType.tf32).dims["split"] == ("k1", "k2a", "k2r", "k4a", "k4r", "k8a", "k8r")
     assert space.size > 100_000
     restricted = space_for("tensorcore", DType.bf16, restricted=True)
     valid = [s for s in (restricted.spec(pt, Problem(4096, 4096, 4096, DType.bf16)) for pt in restricted.points()) if not s.check()]

@@ -1,12 +1,38 @@
-"""The SIMT family's search space: everything templates/simt.cu.j2 can express worth trying."""
+"""The SIMT family's search space: everything templates/simt.cu.j2 can express worth trying.
+
+Two rules are built into the dimensions rather than left to ``Spec.check``: the pipeline depth
+allowed depends on the copy mode (register copies 1 or 2 stages, cp.async 2 to 4), so ``pipeline``
+is one dimension over the allowed pairs, spelled as in kernel names (``s2``: 2 stages through
+registers, ``s3c``: 3 stages of cp.async); and a reduction exists only with split-K, and atomics
+only for an fp32 output, so ``split`` is one dimension (``search.space.split_choices``).
+"""
 
 from __future__ import annotations
 
 from codegen.families.simt import Spec
 from codegen.problem import DType, Layout, Problem
-from search.space import Space
+from search.space import Space, split_choices, split_of, split_value
 
 NAME = "simt"
+#: Copy mode and stages, the pairs ``Spec.check`` allows (stages 0, no shared memory, is not searched).
+PIPELINES = ("s1", "s2", "s2c", "s3c", "s4c")
+#: Split-K reductions: atomics need an fp32 output (indexed by ``dtype is fp32``).
+REDUCES = {False: ("two_pass",), True: ("atomic", "two_pass")}
+
+
+def pipeline_value(stages: int, copy: str) -> str:
+    """The ``pipeline`` choice of ``stages`` stages copied by ``copy`` (``reg`` or ``async``)."""
+    return f"s{stages}{'c' if copy == 'async' else ''}"
+
+
+def pipeline_of(value: str) -> tuple[int, str]:
+    """(stages, copy) of a ``pipeline`` choice (the inverse of ``pipeline_value``)."""
+    copy = "async" if value.endswith("c") else "reg"
+    digits = value[1:-1] if copy == "async" else value[1:]
+    if not value.startswith("s") or not digits.isdigit():
+        raise ValueError(f"{value!r} is not a pipeline choice (s<stages>, then c for cp.async)")
+    return int(digits), copy
+
 
 
 def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.forward) -> Space:
@@ -23,11 +49,9 @@ def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.for
         "lanes_m": (1, 2, 4, 8, 16, 32),  # lanes along m in a warp; 32 / lanes_m along n
         "pad": (0, 4, 8),
         "vec": (1, 2, 4) if dtype is DType.fp32 else (1, 2, 4, 8),
-        "stages": (1, 2, 3, 4),
-        "copy": ("reg", "async"),
+        "pipeline": PIPELINES,
         "group_m": (1, 4, 8),
-        "split_k": (1, 2, 4, 8, 16, 32),
-        "reduce": ("atomic", "two_pass"),
+        "split": split_choices((1, 2, 4, 8, 16, 32), REDUCES[DType(dtype) is DType.fp32]),
     }
     if block:
         del dims["bn"]
@@ -38,7 +62,7 @@ def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.for
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes (replay recordings use it).
 RESTRICTED = dict(
     bm=(64, 128, 256), bn=(64, 128), bk=(8, 16, 32), tm=(4, 8), tn=(4, 8), lanes_m=(2, 4, 8),
-    pad=(0, 4), vec=(4,), stages=(2,), copy=("reg",), group_m=(1, 8), split_k=(1,), reduce=("atomic",),
+    pad=(0, 4), vec=(4,), pipeline=("s2",), group_m=(1, 8), split=("k1",),
 )
 
 #: Larger narrowings, recorded exhaustively on the H200 for harder replays: the dimensions that
@@ -47,23 +71,21 @@ RESTRICTED = dict(
 NARROWINGS = {
     "skinny": dict(
         bm=(16, 32), bn=(64, 128, 256), bk=(16, 32), tm=(2, 4), tn=(4, 8), lanes_m=(2, 4, 8), pad=(4,), vec=(4,),
-        stages=(2, 3, 4), copy=("reg", "async"), group_m=(1,), split_k=(1, 4, 8, 16), reduce=("atomic", "two_pass"),
+        pipeline=("s2", "s2c", "s3c", "s4c"), group_m=(1,), split=split_choices((1, 4, 8, 16), ("atomic", "two_pass")),
     ),
 }
 
 #: Known-good points (measured on the H200, see benchmarks/NOTES.md): the square tile and the
 #: skinny cp.async tile with split-K.
 SEEDS: list[dict] = [
-    dict(bm=128, bn=128, bk=16, tm=8, tn=8, lanes_m=4, pad=4, vec=4, stages=2, copy="reg", group_m=8,
-         split_k=1, reduce="atomic"),
-    dict(bm=32, bn=128, bk=32, tm=4, tn=8, lanes_m=4, pad=4, vec=4, stages=3, copy="async", group_m=1,
-         split_k=8, reduce="atomic"),
+    dict(bm=128, bn=128, bk=16, tm=8, tn=8, lanes_m=4, pad=4, vec=4, pipeline="s2", group_m=8, split="k1"),
+    dict(bm=32, bn=128, bk=32, tm=4, tn=8, lanes_m=4, pad=4, vec=4, pipeline="s3c", group_m=1, split="k8a"),
 ]
 
 
 def _sparse(bm, bk, tm, tn, lanes_m, stages, copy, split_k=1) -> dict:
-    return dict(bm=bm, bn=64, bk=bk, tm=tm, tn=tn, lanes_m=lanes_m, pad=4, vec=4, stages=stages, copy=copy, group_m=1,
-                split_k=split_k, reduce="atomic")
+    return dict(bm=bm, bn=64, bk=bk, tm=tm, tn=tn, lanes_m=lanes_m, pad=4, vec=4, pipeline=pipeline_value(stages, copy),
+                group_m=1, split=split_value(split_k, "atomic"))
 
 
 #: Block-sparse W: the best kernels of the searched H200 sparsity suite (fp32, 2026-12-01,
@@ -84,15 +106,16 @@ def to_spec(point: dict, problem: Problem) -> Spec:
     if problem.block:
         p.update(bn=problem.block, block=problem.block)
     lanes_m = p.pop("lanes_m")
-    p["reduce"] = p["reduce"] if p["split_k"] > 1 else "none"
+    p["stages"], p["copy"] = pipeline_of(p.pop("pipeline"))
+    p["split_k"], p["reduce"] = split_of(p.pop("split"))
     return Spec(dtype=problem.dtype, bias=problem.bias, layout=problem.layout, wm=lanes_m * p["tm"], wn=(32 // lanes_m) * p["tn"], **p)
 
 
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "stages", "copy", "group_m", "split_k")
-             if k != "bn" or not spec.block}
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "group_m") if k != "bn" or not spec.block}
     point["lanes_m"] = spec.wm // spec.tm
-    point["reduce"] = spec.reduce if spec.split_k > 1 else "atomic"
+    point["pipeline"] = pipeline_value(spec.stages, spec.copy)
+    point["split"] = split_value(spec.split_k, spec.reduce)
     return point

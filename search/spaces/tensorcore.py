@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from codegen.families.tensorcore import Spec
 from codegen.problem import DType, Layout, Problem
-from search.space import Space
+from search.space import Space, split_choices, split_of, split_value
 
 NAME = "tensorcore"
 
@@ -13,7 +13,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     """Everything the tensor-core template can express that is worth trying. With a block-sparse
     W (``block`` > 0) the block tile spans one block row, so ``bn`` is the block (not sampled),
     and W needs no packing; a k-tile is part of a block or several whole blocks. The backward
-    layouts have no pack prepass."""
+    layouts have no pack prepass. ``split`` is split-K with its reduction (atomics only for the
+    fp32 output of tf32; ``search.space.split_choices``)."""
     dims = {
         "mma": ("mma", "wmma"),
         "bm": (16, 32, 64, 128, 256),
@@ -26,8 +27,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "smem": ("swizzle", "pad"),
         "epilogue": ("direct", "smem"),
         "group_m": (1, 4, 8, 16),
-        "split_k": (1, 2, 4, 8),
-        "reduce": ("atomic", "two_pass"),
+        "split": split_choices((1, 2, 4, 8), ("atomic", "two_pass") if DType(dtype) is DType.tf32 else ("two_pass",)),
         "prepass": ("none", "pack"),
     }
     if block or Layout(layout) is not Layout.forward:
@@ -41,7 +41,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(
     mma=("mma",), bm=(64, 128), bn=(128, 256), bk=(32, 64), wm=(64,), wn=(32, 64), warps_k=(1,), stages=(3, 4),
-    smem=("swizzle",), epilogue=("direct",), group_m=(8,), split_k=(1,), reduce=("two_pass",), prepass=("none",),
+    smem=("swizzle",), epilogue=("direct",), group_m=(8,), split=("k1",), prepass=("none",),
 )
 
 #: Larger narrowings, recorded exhaustively on the H200 for harder replays: block and warp tiles,
@@ -49,8 +49,8 @@ RESTRICTED = dict(
 NARROWINGS = {
     "large": dict(
         mma=("mma",), bm=(64, 128, 256), bn=(64, 128, 256), bk=(32, 64), wm=(32, 64), wn=(32, 64), warps_k=(1, 2),
-        stages=(2, 3, 4, 5), smem=("swizzle",), epilogue=("direct", "smem"), group_m=(1, 8), split_k=(1, 2),
-        reduce=("two_pass",), prepass=("none",),
+        stages=(2, 3, 4, 5), smem=("swizzle",), epilogue=("direct", "smem"), group_m=(1, 8), split=("k1", "k2r"),
+        prepass=("none",),
     ),
 }
 
@@ -59,7 +59,7 @@ NARROWINGS = {
 #: those invalid for a problem cost nothing.
 def _point(bm, bn, bk, wm, wn, warps_k, stages, epilogue, group_m=8, prepass="none") -> dict:
     return dict(mma="mma", bm=bm, bn=bn, bk=bk, wm=wm, wn=wn, warps_k=warps_k, stages=stages, smem="swizzle",
-                epilogue=epilogue, group_m=group_m, split_k=1, reduce="two_pass", prepass=prepass)
+                epilogue=epilogue, group_m=group_m, split="k1", prepass=prepass)
 
 
 SEEDS = [
@@ -85,14 +85,14 @@ SPARSE_SEEDS = [
     _point(32, 64, 64, 32, 32, 2, 4, "smem"),  # batch 32
     _point(32, 32, 64, 16, 16, 2, 4, "smem", group_m=4),
     _point(32, 16, 128, 16, 16, 4, 4, "smem"),
-    dict(_point(32, 32, 32, 16, 32, 1, 4, "smem", group_m=4), split_k=4),
+    dict(_point(32, 32, 32, 16, 32, 1, 4, "smem", group_m=4), split="k4r"),
 ]
 
 
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem. Choices a rule fixes are derived, not sampled:
-    wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, a 16-bit output
-    a two-pass split-K, no split-K no reduction, and a backward layout no pack prepass."""
+    wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, and a backward
+    layout no pack prepass."""
     p = dict(point)
     if problem.block:
         p.update(bn=problem.block, prepass="none", block=problem.block)
@@ -102,16 +102,13 @@ def to_spec(point: dict, problem: Problem) -> Spec:
         p.update(smem="pad", epilogue="smem")
     if p["warps_k"] > 1:
         p["epilogue"] = "smem"
-    if p["split_k"] == 1:
-        p["reduce"] = "none"
-    elif problem.dtype is not DType.tf32:
-        p["reduce"] = "two_pass"
+    p["split_k"], p["reduce"] = split_of(p.pop("split"))
     return Spec(dtype=problem.dtype, bias=problem.bias, layout=problem.layout, **p)
 
 
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims}
-    point["reduce"] = spec.reduce if spec.split_k > 1 else "two_pass"
+    point = {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims if k != "split"}
+    point["split"] = split_value(spec.split_k, spec.reduce)
     return point

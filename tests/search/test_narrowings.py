@@ -22,7 +22,7 @@ def valid_kernels(family: str, problem: Problem, name: str) -> dict:
 
 
 @pytest.mark.parametrize("family, problem, name, varied", [
-    ("simt", Problem(32, 4096, 4096, DType.fp32), "skinny", ("copy", "stages", "split_k", "reduce")),
+    ("simt", Problem(32, 4096, 4096, DType.fp32), "skinny", ("copy", "stages", "split_k", "reduce")),  # Spec fields
     ("tensorcore", Problem(4096, 4096, 4096, DType.bf16), "large", ("stages", "split_k", "warps_k", "epilogue")),
 ])
 def test_a_recorded_narrowing_holds_thousands_of_valid_kernels(family, problem, name, varied):

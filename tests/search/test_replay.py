@@ -159,7 +159,7 @@ def test_a_space_without_valid_points_ends_with_one_line():
     summary = run_search(problem, big, m, budget=10, progress=False)
     assert summary.evaluated == 0 and summary.valid_proposals == 0 and summary.sampler_proposals >= 1
     assert summary.stopped.startswith("stopped: 4000 random draws") and "\n" not in summary.stopped
-    small = big.restrict(bn=(32,), bk=(8,), tn=(8,), group_m=(1,), split_k=(1,))  # small enough to enumerate
+    small = big.restrict(bn=(32,), bk=(8,), tn=(8,), group_m=(1,), split=("k1",))  # small enough to enumerate
     summary = run_search(problem, small, m, sampler="tpe", budget=10, progress=False)
     assert summary.evaluated == 0
     assert summary.stopped == "space exhausted: no point of the space is valid for this problem on this device"

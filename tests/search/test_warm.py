@@ -16,6 +16,7 @@ import pytest
 from codegen.problem import DType, Problem
 from codegen.spec import DeviceLimits
 from search import warm
+from search.measure import ReplayMeasurer
 from search.space import point_of, seeds, space_for
 from store import Store
 from tests.test_cli_errors import run
@@ -28,18 +29,18 @@ RECORDED_H200 = {**H200, "name": "NVIDIA H200 (recorded 2026-11-30, replay-simt-
 
 #: Tiles of the SIMT space valid for every problem used here (split_k 1), by name in the tests.
 TILES = {
-    "square": dict(bm=128, bn=128, bk=16, tm=8, tn=8, lanes_m=4, pad=4, vec=4, stages=2, copy="reg", group_m=8,
-                   split_k=1, reduce="atomic"),
-    "wide": dict(bm=64, bn=128, bk=16, tm=8, tn=8, lanes_m=2, pad=4, vec=4, stages=2, copy="reg", group_m=1,
-                 split_k=1, reduce="atomic"),
-    "tall": dict(bm=128, bn=64, bk=32, tm=8, tn=4, lanes_m=4, pad=0, vec=4, stages=2, copy="reg", group_m=8,
-                 split_k=1, reduce="atomic"),
-    "small": dict(bm=64, bn=64, bk=8, tm=4, tn=4, lanes_m=4, pad=4, vec=4, stages=2, copy="reg", group_m=1,
-                  split_k=1, reduce="atomic"),
-    "async": dict(bm=128, bn=128, bk=32, tm=8, tn=8, lanes_m=4, pad=4, vec=4, stages=2, copy="async", group_m=8,
-                  split_k=1, reduce="atomic"),
-    "splitk": dict(bm=32, bn=128, bk=32, tm=4, tn=8, lanes_m=4, pad=4, vec=4, stages=3, copy="async", group_m=1,
-                   split_k=8, reduce="atomic"),
+    "square": dict(bm=128, bn=128, bk=16, tm=8, tn=8, lanes_m=4, pad=4, vec=4, pipeline="s2", group_m=8,
+                   split="k1"),
+    "wide": dict(bm=64, bn=128, bk=16, tm=8, tn=8, lanes_m=2, pad=4, vec=4, pipeline="s2", group_m=1,
+                 split="k1"),
+    "tall": dict(bm=128, bn=64, bk=32, tm=8, tn=4, lanes_m=4, pad=0, vec=4, pipeline="s2", group_m=8,
+                 split="k1"),
+    "small": dict(bm=64, bn=64, bk=8, tm=4, tn=4, lanes_m=4, pad=4, vec=4, pipeline="s2", group_m=1,
+                  split="k1"),
+    "async": dict(bm=128, bn=128, bk=32, tm=8, tn=8, lanes_m=4, pad=4, vec=4, pipeline="s2c", group_m=8,
+                  split="k1"),
+    "splitk": dict(bm=32, bn=128, bk=32, tm=4, tn=8, lanes_m=4, pad=4, vec=4, pipeline="s3c", group_m=1,
+                   split="k8a"),
 }
 
 
@@ -199,7 +200,7 @@ def test_the_problem_itself_comes_first_then_the_same_bias(store):
 def test_kernels_invalid_for_the_new_problem_or_outside_the_space_are_dropped(store):
     big = Problem(4096, 4096, 4096)
     splitk = add_ok(store, big, H200, "splitk", 50.0)  # 8 splits: K=64 has 2 k-tiles of 32
-    asynchronous = add_ok(store, big, H200, "async", 45.0)  # copy is not a dimension of the recording's space
+    asynchronous = add_ok(store, big, H200, "async", 45.0)  # the recording's space has register copies only
     plain = add_ok(store, big, H200, "square", 40.0)
     small_k = Problem(4096, 4096, 64)
     got = warm.warm_seeds(store, small_k, full(small_k), H200)
@@ -209,7 +210,6 @@ def test_kernels_invalid_for_the_new_problem_or_outside_the_space_are_dropped(st
     for s in got.seeds:
         assert not full(small_k).spec(s.point, small_k).check(small_k)
 
-    from search.measure import ReplayMeasurer
 
     replay = ReplayMeasurer(RECORDING)
     got = warm.warm_seeds(store, big, replay.space, H200, limits=replay.limits)
@@ -217,13 +217,13 @@ def test_kernels_invalid_for_the_new_problem_or_outside_the_space_are_dropped(st
     assert history == [plain], got.dropped
     why = {d["kernel"]: d["why"] for d in got.dropped}
     assert "not one of" in why[splitk]
-    assert "would be tried as" in why[asynchronous]  # the recording's space has no copy: it would be reg
+    assert "pipeline='s2c' is not one of ['s2']" in why[asynchronous]  # recorded before copy was a dimension
 
 
 def test_the_device_limits_decide_validity(store):
     p = Problem(4096, 4096, 4096)
-    tile = dict(bm=128, bn=32, bk=64, tm=4, tn=2, lanes_m=4, pad=4, vec=4, stages=4, copy="async", group_m=8,
-                split_k=1, reduce="atomic")  # 174080 B of shared memory
+    tile = dict(bm=128, bn=32, bk=64, tm=4, tn=2, lanes_m=4, pad=4, vec=4, pipeline="s4c", group_m=8,
+                split="k1")  # 174080 B of shared memory
     sm80 = DeviceLimits.for_arch("sm_80")
     spec = spec_of("", p, point=tile)
     assert not spec.check(p) and spec.check(p, sm80)  # fits the H200's 227 KB, not the A100's 163 KB
@@ -259,7 +259,6 @@ def test_sparse_fallback_takes_the_sparse_seeds(store):
 def test_replayed_searches_warm_a_search_of_another_shape(tmp_path):
     """A store filled by a replay search (4096^3) seeds a search of 2048x4096x4096 on the same GPU
     with the replay's fastest kernels."""
-    from search.measure import ReplayMeasurer
     from search.runner import run_search
 
     store = Store(f"sqlite:///{tmp_path / 'r.db'}")
@@ -328,8 +327,8 @@ def test_cli_json_carries_the_seeds(history, capsys):
     seeds_ = doc["seeds"]["seeds"]
     assert [s["measured"] for s in seeds_ if s["origin"] == "history"] == [names["near1"], names["near2"], names["far1"]]
     assert seeds_[0]["problem"] == "2048x4096x4096_fp32_forward" and seeds_[0]["tflops"] == pytest.approx(30.0)
-    assert seeds_[0]["device"] == "NVIDIA H200" and set(seeds_[0]["point"]) == set(json.loads(
-        RECORDING.read_text())["space"]["dims"])
+    assert seeds_[0]["device"] == "NVIDIA H200" and set(seeds_[0]["point"]) == set(
+        ReplayMeasurer(RECORDING).space.dims)
     assert "seeds: 4 seeds (3 from the store, 1 built-in)" in err  # --quiet: the count alone
     assert "  seed " not in err
 
