@@ -15,13 +15,18 @@ from search.space import Space, recorded_space
 KEPT = ("status", "evidence", "median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio")
 
 
-def _space_of(recording: dict, problem: Problem) -> dict | None:
-    """A recording's space in the family's current dimensions (None: it has none that can be read)."""
+def _same_space(recording: dict, problem: Problem, space: Space) -> bool:
+    """Whether a recording to resume is of ``space``: the same dimensions and choices, or, for one
+    written with the family's older dimensions, kernels that are all points of ``space`` (its
+    kernels are all it says of the space in the current dimensions, and a partial one has few)."""
     try:
         rec = recording["space"]
-        return recorded_space(rec["family"], rec["dims"], recording.get("results") or {}, problem).to_dict()
+        if set(rec["dims"]) == set(space.dims):
+            return rec == space.to_dict()
+        older = recorded_space(rec["family"], rec["dims"], recording.get("results") or {}, problem)
     except (KeyError, TypeError, ValueError):
-        return None
+        return False
+    return older.family == space.family and all(set(v) <= set(space.dims[k]) for k, v in older.dims.items())
 
 
 def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: int = 16, progress: bool = True,
@@ -31,7 +36,7 @@ def sweep(problem: Problem, space: Space, measurer, *, store=None, lookahead: in
     With ``max_seconds`` no kernel is started after that long, and the document says it is partial.
     ``resume`` is an earlier partial recording of the same problem and space: its results whose
     source is still the one rendered now are kept, the rest measured, and the document says so."""
-    if resume is not None and (resume.get("problem") != problem.to_dict() or _space_of(resume, problem) != space.to_dict()):
+    if resume is not None and (resume.get("problem") != problem.to_dict() or not _same_space(resume, problem, space)):
         raise ValueError("the recording to resume is of another problem or space")
     specs = {}
     for point in space.points():

@@ -92,3 +92,13 @@ def test_a_resumed_sweep_keeps_what_was_measured_and_measures_only_the_rest():
     assert whole["recorded"]["resumed"]["what"].startswith("PARTIAL")
     with pytest.raises(ValueError, match="another problem or space"):
         sweep(second.problem, space_for("simt", DType.fp32), Counting(path), progress=False, resume=partial)
+    # a partial recording written before copy/stages and split_k/reduce were tied dimensions resumes too
+    import json
+    from pathlib import Path
+
+    older = dict(partial, space=json.loads(Path(path).read_text())["space"])
+    assert "stages" in older["space"]["dims"] and "pipeline" not in older["space"]["dims"]
+    again = sweep(second.problem, space, Counting(path), progress=False, resume=older)
+    assert again["recorded"]["resumed"]["kept"] == kept and set(again["results"]) == set(second.results)
+    with pytest.raises(ValueError, match="another problem or space"):  # its kernels are not all points of this one
+        sweep(second.problem, space.restrict(bm=(256,)), Counting(path), progress=False, resume=older)
