@@ -113,11 +113,14 @@ def reap(session: Session) -> list[int]:
 
 
 def used_budget(session: Session, study: str) -> int:
-    """Evaluated trials of the study's runs plus its claims still in flight."""
+    """Evaluated trials of the study's runs plus its claims still in flight, counted in ONE statement:
+    under PostgreSQL's read-committed isolation each statement sees its own snapshot, so two queries
+    could miss a trial stored (and its claim settled) between them and undercount by one."""
     runs = select(Run.id).where(Run.study_name == study)
-    evaluated = session.scalar(select(func.count(Trial.id)).where(Trial.run_id.in_(runs), Trial.status != "invalid"))
-    flying = session.scalar(select(func.count(Claim.id)).where(Claim.run_id.in_(runs), Claim.trial_id.is_(None)))
-    return int(evaluated or 0) + int(flying or 0)
+    evaluated = select(func.count(Trial.id)).where(Trial.run_id.in_(runs), Trial.status != "invalid")
+    flying = select(func.count(Claim.id)).where(Claim.run_id.in_(runs), Claim.trial_id.is_(None))
+    both = session.execute(select(evaluated.scalar_subquery(), flying.scalar_subquery())).one()
+    return int(both[0] or 0) + int(both[1] or 0)
 
 
 def claim_filter(problem_id: int, device_id: int, name: str, arch: str, source_hash: str) -> Any:
