@@ -295,11 +295,19 @@ def design_doc(doc: dict) -> dict:
             "command": doc["command"], "timing": doc["timing"], "records": records}
 
 
-def run_point(label: str, point: dict, args, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.hopper_probe", "--child", json.dumps(point), "--dtypes", *args.dtypes,
-           "--hang-s", str(args.hang_s)]
-    if args.quick:
-        cmd.append("--quick")
+def gpu_line() -> str:
+    """nvidia-smi's line for the GPU (name, driver, clocks, temperature), or why there is none."""
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        return smi.stdout.strip() or smi.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvidia-smi failed: {e}"
+
+
+def run_child(cmd: list[str], timeout: float) -> dict:
+    """Run a probe's child process: its JSON-lines events, how it ended (done, crash, context_lost,
+    hang, timeout), its exit code, the tail of its stderr and its seconds."""
     start = time.monotonic()
     timed_out = False
     try:
@@ -316,11 +324,22 @@ def run_point(label: str, point: dict, args, timeout: float) -> dict:
             events.append(json.loads(line))
         except json.JSONDecodeError:
             events.append({"event": "text", "text": line[:300]})
-    last = next((e for e in reversed(events) if e.get("event") == "stage"), None)
     ending = ("timeout" if timed_out else "hang" if any(e.get("event") == "hang" for e in events)
               else "context_lost" if rc == 3 else "crash" if rc else "done")
-    return {"label": label, "point": point, "events": events, "ending": ending, "exit_code": rc,
-            "last_stage": last, "stderr_tail": err[-3000:], "seconds": round(time.monotonic() - start, 1)}
+    return {"events": events, "ending": ending, "exit_code": rc, "stderr_tail": err[-3000:],
+            "seconds": round(time.monotonic() - start, 1)}
+
+
+def run_point(label: str, point: dict, args, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.hopper_probe", "--child", json.dumps(point), "--dtypes", *args.dtypes,
+           "--hang-s", str(args.hang_s)]
+    if args.quick:
+        cmd.append("--quick")
+    run = run_child(cmd, timeout)
+    last = next((e for e in reversed(run["events"]) if e.get("event") == "stage"), None)
+    return {"label": label, "point": point, "events": run["events"], "ending": run["ending"],
+            "exit_code": run["exit_code"], "last_stage": last, "stderr_tail": run["stderr_tail"],
+            "seconds": run["seconds"]}
 
 
 def results_of(run: dict) -> dict:
@@ -408,12 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(json.loads(args.child), args.dtypes, args.hang_s, shapes)
 
     start = time.monotonic()
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        device = smi.stdout.strip() or smi.stderr.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        device = f"nvidia-smi failed: {e}"
+    device = gpu_line()
     print(f"device: {device}", flush=True)
     chosen = [POINTS[i] for i in args.points] if args.points else POINTS
     runs = []

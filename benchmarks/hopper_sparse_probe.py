@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.hopper_probe import TIMING, compare, emit, wait
+from benchmarks.hopper_probe import TIMING, compare, emit, gpu_line, run_child, wait
 
 #: Points of the sparse hopper space (search/spaces/hopper.py, block > 0): labels for the table.
 POINTS = [
@@ -208,29 +207,10 @@ def child(todo: list[dict], hang_s: float, torch_bsr: bool) -> int:
 
 
 # ---- the orchestrating process (no CUDA here) ----------------------------------------------------------
-def run_child(todo: list[dict], args, timeout: float) -> dict:
+def run_jobs(todo: list[dict], args, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.hopper_sparse_probe", "--child", json.dumps(todo), "--hang-s",
            str(args.hang_s)] + ([] if args.torch_bsr else ["--no-torch-bsr"])
-    start = time.monotonic()
-    timed_out = False
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        timed_out = True
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        rc = None
-    events = []
-    for line in out.splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            events.append({"event": "text", "text": line[:300]})
-    ending = ("timeout" if timed_out else "hang" if any(e.get("event") == "hang" for e in events)
-              else "context_lost" if rc == 3 else "crash" if rc else "done")
-    return {"jobs": [j["id"] for j in todo], "events": events, "ending": ending, "exit_code": rc,
-            "stderr_tail": err[-3000:], "seconds": round(time.monotonic() - start, 1)}
+    return {"jobs": [j["id"] for j in todo], **run_child(cmd, timeout)}
 
 
 def results(runs: list[dict], todo: list[dict]) -> dict[int, dict]:
@@ -324,12 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(json.loads(args.child), args.hang_s, args.torch_bsr)
     start = time.monotonic()
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        device = smi.stdout.strip() or smi.stderr.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        device = f"nvidia-smi failed: {e}"
+    device = gpu_line()
     print(f"device: {device}", flush=True)
     todo = jobs(tuple(args.blocks))
     runs: list[dict] = []
@@ -338,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         remaining = args.budget_s - (time.monotonic() - start)
         if remaining < 8:
             break
-        run = run_child(left, args, remaining)
+        run = run_jobs(left, args, remaining)
         runs.append(run)
         done = results(runs, todo)
         before, left = len(left), [j for j in left if j["id"] not in done]
