@@ -16,6 +16,13 @@ __all__ = ["DeviceLimits", "KernelSpec", "LAYOUT_OF_SUFFIX", "LAYOUT_SUFFIX", "S
 
 #: Block sizes a block-sparse W may have (codegen.sparse.BLOCKS).
 SPARSE_BLOCKS = (16, 32, 64)
+def k_outer(layout: Layout, block: int) -> tuple[bool, bool]:
+    """Whether the left and the right operand are stored k-outer rather than k-contiguous: the left
+    one ([K][M], dY) in grad_weight; the right one ([K][N]) in grad_weight (X) and in a dense
+    grad_input (W). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
+    return layout is Layout.grad_weight, layout is Layout.grad_weight or (layout is Layout.grad_input and not block)
+
+
 def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False) -> list[str]:
     """What a block-sparse variant of any family needs of its tiles: one block row per block tile,
     whole k-tiles per block (or, where the family can, whole blocks per k-tile)."""

@@ -27,7 +27,15 @@ from codegen.launch import (
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, layout_rules, sparse_rules
+from codegen.spec import (
+    LAYOUT_OF_SUFFIX,
+    LAYOUT_SUFFIX,
+    DeviceLimits,
+    SpecData,
+    k_outer,
+    layout_rules,
+    sparse_rules,
+)
 
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
@@ -122,14 +130,13 @@ class Spec(SpecData):
     # ---- derived geometry -----------------------------------------------------------------
     @property
     def a_t(self) -> bool:
-        """Whether the left operand is stored k-outer ([K][M], grad_weight's dY), not k-contiguous."""
-        return self.layout is Layout.grad_weight
+        """Whether the left operand is stored k-outer (codegen.spec.k_outer)."""
+        return k_outer(self.layout, self.block)[0]
 
     @property
     def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer ([K][N]: a dense W in grad_input, X in
-        grad_weight). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
-        return self.layout is Layout.grad_weight or (self.layout is Layout.grad_input and not self.block)
+        """Whether the right operand is stored k-outer (codegen.spec.k_outer)."""
+        return k_outer(self.layout, self.block)[1]
 
     def _async_tile(self, rows: int, outer: bool) -> int:
         """Elements of one async stage of an operand tile: [rows][bk + pad] k-contiguous, or
