@@ -778,6 +778,16 @@ def _device_list(store) -> str:
     return "; ".join(f"{d['id']} {d['name']}" for d in store.devices()) or "none"
 
 
+def _given_device(store, given: str | None) -> dict | None:
+    """The store's device named by ``--device`` (an id or a name), None when not given."""
+    if not given:
+        return None
+    device = store.find_device(given)
+    if device is None:
+        raise UsageError(f"no single device {given!r} in {store.location} (id or name; there: {_device_list(store)})")
+    return device
+
+
 def cmd_export_bundle(args: argparse.Namespace) -> int:
     """``codegen export --bundle DIR``: the best kernel of every tuned problem, with one index."""
     from codegen.bundle import write_bundle
@@ -788,14 +798,8 @@ def cmd_export_bundle(args: argparse.Namespace) -> int:
         raise UsageError(f"--bundle exports every tuned problem; drop {', '.join(given)}")
     check_writable(args.bundle, "--bundle", folder=True)
     store = open_store(args.db, read_only=True)
-    device_id = None
-    if args.device:
-        device = store.find_device(args.device)
-        if device is None:
-            raise UsageError(f"no single device {args.device!r} in {store.location} (id or name; there: "
-                             f"{_device_list(store)})")
-        device_id = device["id"]
-    index = write_bundle(store, args.bundle, device_id=device_id, family=args.family)
+    device = _given_device(store, args.device)
+    index = write_bundle(store, args.bundle, device_id=device["id"] if device else None, family=args.family)
     for s in index["skipped"]:
         print(f"skipped {s['problem']} on {s['device']}: {s['reason']}", file=sys.stderr)
     if not index["kernels"]:
@@ -824,12 +828,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UsageError("--best needs the problem: --m, --n, --k (and --dtype, --bias)")
     check_writable(args.out, "--out", folder=True)
     store = open_store(args.db, read_only=True)
-    device = None
-    if args.device:
-        device = store.find_device(args.device)
-        if device is None:
-            raise UsageError(f"no single device {args.device!r} in {store.location} (id or name; there: "
-                             f"{_device_list(store)})")
+    device = _given_device(store, args.device)
     device_id = device["id"] if device else None
     arch = source = None
     name = args.kernel
