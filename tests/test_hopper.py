@@ -4,9 +4,7 @@ TMA loads, both setmaxnreg, no spills, no serialized wgmma, a register budget th
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import random
 
 import pytest
@@ -21,6 +19,7 @@ from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
 from search.space import point_of, seeds, space_for, to_spec
+from tests.compiled import compile_all
 
 BIG = Problem(4096, 4096, 4096, DType.bf16)
 ODD = Problem(4097, 4095, 4093, DType.bf16)  # K * 2 = 8186 bytes: not a 16-byte pitch
@@ -283,15 +282,9 @@ def _sample() -> list[Spec]:
 SAMPLE = _sample()
 
 
-def _compile(spec):
-    result = compile_source(render(spec), spec.name, "sm_90", target=compile_target(spec, "sm_90"))
-    return spec, result, sass.disassemble(result.cubin)
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    with concurrent.futures.ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        return {s.name: (r, text) for s, r, text in pool.map(_compile, SAMPLE)}
+    return {name: built for (name, _), built in compile_all(SAMPLE).items()}
 
 
 def test_sample_is_broad():

@@ -8,24 +8,22 @@ does, on the device."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import hashlib
 import json
-import os
 
 import pytest
 import torch
 
 from codegen import sass
-from codegen.compile import compile_source
 from codegen.export import export_files
-from codegen.families import compile_target, spec_from_name
+from codegen.families import spec_from_name
 from codegen.families.hopper import Spec, plan
 from codegen.launch import KernelLaunch, LaunchPlan, launched_grid
 from codegen.problem import DType, Problem
 from codegen.render import render
 from search.space import point_of, seeds, space_for, to_spec
+from tests.compiled import compile_all
 from tests.test_hopper import GRID
 
 BIG = Problem(4096, 4096, 4096, DType.bf16)
@@ -260,15 +258,9 @@ SAMPLE = [
 ]
 
 
-def _compile(spec):
-    result = compile_source(render(spec), spec.name, "sm_90", target=compile_target(spec, "sm_90"))
-    return spec.name, result, sass.disassemble(result.cubin)
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    with concurrent.futures.ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        return {name: (r, text) for name, r, text in pool.map(_compile, SAMPLE + [Spec()])}
+    return {name: built for (name, _), built in compile_all(SAMPLE + [Spec()]).items()}
 
 
 @pytest.mark.timeout(600)

@@ -6,9 +6,7 @@ pinpoint: the persistent grid's balanced tile ranges and the ring's mbarrier pha
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import random
 import re
 
@@ -16,16 +14,16 @@ import numpy as np
 import pytest
 
 from codegen import sass, sparse
-from codegen.compile import compile_source
 from codegen.evaluate import PROBE_ALIGNED_K, probe_for
 from codegen.export import export_files
-from codegen.families import compile_target, spec_from_name, takes_sparse
+from codegen.families import spec_from_name, takes_sparse
 from codegen.families.hopper import PRODUCER_REGS, SPARSE_ARGS, Spec, launch_regs, plan
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
 from search.space import point_of, seeds, space_for, to_spec
+from tests.compiled import compile_all
 
 
 def _problem(m, n, k, block, density=0.1, dtype=DType.bf16, bias=False, seed=0):
@@ -225,15 +223,9 @@ def _sample() -> list[Spec]:
 SAMPLE = _sample()
 
 
-def _compile(spec):
-    result = compile_source(render(spec), spec.name, "sm_90", target=compile_target(spec, "sm_90"))
-    return spec, result, sass.disassemble(result.cubin)
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    with concurrent.futures.ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        return {s.name: (r, text) for s, r, text in pool.map(_compile, SAMPLE)}
+    return {name: built for (name, _), built in compile_all(SAMPLE).items()}
 
 
 def test_sample_is_broad():

@@ -4,15 +4,12 @@ NVRTC 13.0 builds for sm_80 and sm_90 without spills. Numerics run on a GPU (tes
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
-import os
 
 import numpy as np
 import pytest
 
 from codegen import cli, families, sass, sparse
-from codegen.compile import compile_source
 from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
 from codegen.evaluate import probe_for
 from codegen.families.simt import Spec as SimtSpec
@@ -20,6 +17,7 @@ from codegen.families.tensorcore import Spec as TcSpec
 from codegen.launch import plan
 from codegen.problem import DType, Layout, Problem, linear_problems
 from codegen.render import render
+from tests.compiled import compile_all
 
 GI, GW = Layout.grad_input, Layout.grad_weight
 
@@ -293,17 +291,10 @@ def test_compile_a_weight_gradient_with_db(capsys, tmp_path, monkeypatch):
 
 
 # ---- compiler tier ------------------------------------------------------------------------------------
-def _compile(job):
-    spec, arch = job
-    result = compile_source(render(spec), spec.name, arch, use_cache=False)
-    return spec.name, arch, result.report, sass.opcodes(sass.disassemble(result.cubin), spec.name)
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = [(s, a) for s in SIMT_BACKWARD + TC_BACKWARD for a in ("sm_80", "sm_90")]
-    with concurrent.futures.ProcessPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        return {(name, arch): (report, ops) for name, arch, report, ops in pool.map(_compile, jobs)}
+    built = compile_all(SIMT_BACKWARD + TC_BACKWARD, ("sm_80", "sm_90"), use_cache=False, workers=8)
+    return {(name, arch): (result.report, sass.opcodes(text, name)) for (name, arch), (result, text) in built.items()}
 
 
 @pytest.mark.timeout(600)

@@ -4,9 +4,6 @@ in the defaults."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
-
 import pytest
 
 from codegen import sass
@@ -17,6 +14,7 @@ from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
 from search.space import point_of, space_for, to_spec
+from tests.compiled import compile_all
 
 SQUARE = dict(bm=128, bn=128, bk=32, wm=64, wn=64, stages=4, epilogue="direct")
 SKINNY = dict(bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, stages=4, epilogue="smem")
@@ -148,17 +146,9 @@ def test_space_points_map_to_specs_and_back():
 
 
 # ---- compiler tier --------------------------------------------------------------------------
-def _compile(args):
-    spec, arch = args
-    result = compile_source(render(spec), spec.name, arch)
-    return spec, arch, result, sass.disassemble(result.cubin)
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    jobs = [(s, a) for s in GRID for a in ("sm_80", "sm_90")]
-    with concurrent.futures.ProcessPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
-        return {(s.name, a): (r, text) for s, a, r, text in pool.map(_compile, jobs)}
+    return compile_all(GRID, ("sm_80", "sm_90"))
 
 
 @pytest.mark.timeout(900)
