@@ -297,17 +297,22 @@ def compiled():
     return {(name, arch): (result.report, sass.opcodes(text, name)) for (name, arch), (result, text) in built.items()}
 
 
+def _assert_plan_functions_without_spills(spec, arch, report):
+    """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias), and none spills."""
+    expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
+        {spec.name + "_db"} if spec.bias else set())
+    assert set(report) == expected, (arch, report)
+    for fn, r in report.items():
+        assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("spec", SIMT_BACKWARD, ids=lambda s: s.name)
 def test_simt_backward_kernels_compile_without_spills(compiled, spec):
     assert not spec.check(Problem(4097, 4095, 4093, spec.dtype, spec.layout, spec.bias))
     for arch in ("sm_80", "sm_90"):
         report, ops = compiled[(spec.name, arch)]
-        expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
-            {spec.name + "_db"} if spec.bias else set())
-        assert set(report) == expected, (arch, report)
-        for fn, r in report.items():
-            assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)
+        _assert_plan_functions_without_spills(spec, arch, report)
         assert ops["FFMA"] > 0
         if spec.copy == "async":
             assert ops["LDGSTS"] > 0, (arch, "cp.async missing")
@@ -321,11 +326,7 @@ def test_tensorcore_backward_kernels_compile_to_transposed_ldmatrix_without_spil
     assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in source) == (spec.mma == "mma")
     for arch in ("sm_80", "sm_90"):
         report, ops = compiled[(spec.name, arch)]
-        expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
-            {spec.name + "_db"} if spec.bias else set())
-        assert set(report) == expected, (arch, report)
-        for fn, r in report.items():
-            assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)
+        _assert_plan_functions_without_spills(spec, arch, report)
         assert ops["HMMA"] > 0 and ops["LDGSTS"] > 0
         if spec.mma == "mma":
             assert ops["LDSM"] > 0
