@@ -1137,7 +1137,8 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     """What tune-linear and tune-model share with ``codegen search``."""
     add_family_arg(p, "whose space is searched")
     p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM")
-    p.add_argument("--sampler", default="tpe", choices=["tpe", "random", "grid", "cmaes", "gp"], help="Optuna sampler")
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                   help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--restricted", action="store_true", help="search the restricted space")
     p.add_argument("--no-warm-start", action="store_true", help="start from the family's built-in seeds only")
