@@ -662,7 +662,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         space_name = "restricted" if args.restricted else "full"
         try:
-            space = space_for(family_of_args(args), problem.dtype, args.restricted, layout=problem.layout)
+            space = space_for(family_of_args(args), problem.dtype, args.restricted, block=problem.block,
+                              layout=problem.layout)
         except ValueError as e:
             raise UsageError(str(e)) from None
         check_cache()
@@ -740,7 +741,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                          f"choose another name")
     check_writable(args.out, "--out", folder=False)
     try:
-        space = space_for(family_of_args(args), problem.dtype, restricted=args.space, layout=problem.layout)
+        space = space_for(family_of_args(args), problem.dtype, restricted=args.space, block=problem.block,
+                          layout=problem.layout)
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_cache()

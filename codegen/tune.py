@@ -116,7 +116,8 @@ def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callabl
     results: list[TuneResult] = []
     todo = []
     for problem, layers in problems.items():
-        space_here = space if space is not None else space_for(family, problem.dtype, restricted)
+        space_here = space if space is not None else space_for(family, problem.dtype, restricted, block=problem.block,
+                                                                 layout=problem.layout)
         why = generated(problem, space_here)
         if why is not None:
             say(f"skip {problem.key}: the {family} family generates no kernel for it ({why})")

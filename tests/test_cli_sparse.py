@@ -263,3 +263,44 @@ def test_help_shows_the_sparse_options_and_their_defaults(capsys):
         assert "--block {16,32,64}" in text and "(default: none, W dense)" in text
         assert "--pattern-seed S seed of the random pattern of --density (default: 0)" in text
         assert "--weights PATH[:NAME]" in text and "--density D" in text
+
+
+@pytest.mark.parametrize("family", ["simt", "tensorcore", "hopper"])
+@pytest.mark.parametrize("layout", ["forward", "grad_input"])
+def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, monkeypatch, capsys, db):
+    """A sparse problem is searched over its family's sparse space for its layout (bn is the block,
+    not sampled), by ``codegen search`` and by ``tune``; the GPU is replaced by a stop right after."""
+    from codegen import families, tune
+    from codegen.problem import DType, Layout
+    from search import parallel
+    from search import space as space_mod
+    from search.measure import NoGpu
+
+    if layout != "forward" and not families.takes_layouts(family):
+        pytest.skip(f"{family} generates the forward layout only")
+    dtype = "fp32" if family == "simt" else "bf16"
+    asked = []
+    real = space_mod.space_for
+
+    def recording_space_for(*args, **kwargs):
+        asked.append(real(*args, **kwargs))
+        return asked[-1]
+
+    def no_gpu(*args, **kwargs):
+        raise NoGpu("stopped by the test")
+
+    monkeypatch.setattr(space_mod, "space_for", recording_space_for)
+    monkeypatch.setattr(parallel, "gpu_measurer", no_gpu)
+    url, _ = db
+    code, _, err = run(["search", "--family", family, "--dtype", dtype, *SMALL, "--layout", layout, "--block", "32",
+                        "--density", "0.5", "--db", url], capsys)
+    assert code == 2 and "stopped by the test" in err
+    sparse_space = real(family, DType(dtype), block=32, layout=Layout(layout))
+    assert "bn" not in sparse_space.dims and [s.dims for s in asked] == [sparse_space.dims]
+
+    problem = cli.problem_from_args(parse(["search", *SMALL, "--dtype", dtype, "--layout", layout, "--block", "32",
+                                           "--density", "0.5"]))
+    asked.clear()
+    with pytest.raises(NoGpu):
+        tune.tune({problem: ["layer"]}, family, no_gpu, budget=1, store=None, say=lambda *_: None)
+    assert [s.dims for s in asked] == [sparse_space.dims]
