@@ -165,7 +165,8 @@ class SeedKernels:
     DEFAULT = {"fp32": ("simt",), "tf32": ("tensorcore",), "fp16": ("tensorcore",), "bf16": ("tensorcore",)}
     #: Where the arch has it, the Hopper family goes first for 16-bit layers of at least this many rows
     #: (on the H200 its 128-row tiles reach 0.9-1.1x cuBLAS at 4096 rows and more, but only 0.54x at
-    #: 128 rows, where the tensor-core seeds do better); it generates the forward GEMM only.
+    #: 128 rows, where the tensor-core seeds do better). Its backward GEMMs need 16-byte rows (M, N, K
+    #: multiples of 8 as the layout reads them); where they are not, the next family's seed is taken.
     HOPPER_MIN_M = 256
 
     def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:
@@ -187,7 +188,7 @@ class SeedKernels:
         if self.hopper_first and problem.dtype.value in ("bf16", "fp16") and problem.m >= self.HOPPER_MIN_M:
             order = ("hopper", *order)
         for family in order:
-            space = space_for(family, problem.dtype)
+            space = space_for(family, problem.dtype, block=problem.block, layout=problem.layout)
             valid = []
             for i, point in enumerate(seeds(family, problem.block)):
                 try:

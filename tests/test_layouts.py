@@ -1,6 +1,6 @@
-"""CPU tier: the linear layer's backward GEMMs (layouts grad_input and grad_weight) in the SIMT and
-tensor-core families: names, refusals, data and references, launch plans, the command line, and
-NVRTC 13.0 builds for sm_80 and sm_90 without spills. Numerics run on a GPU (tests/gpu/test_layouts.py)."""
+"""CPU tier: the linear layer's backward GEMMs (layouts grad_input and grad_weight) in the SIMT,
+tensor-core and Hopper families: names, refusals, data and references, launch plans, the command line,
+and NVRTC 13.0 builds (sm_80 and sm_90; sm_90a for Hopper) without spills. Numerics run on a GPU (tests/gpu/test_layouts.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from codegen import cli, families, sass, sparse
 from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
 from codegen.evaluate import probe_for
+from codegen.families.hopper import Spec as HopperSpec
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
 from codegen.launch import plan
@@ -69,6 +70,15 @@ TC_BACKWARD = [
     TcSpec(layout=GW, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32, bias=True),
 ]
 
+#: Backward Hopper kernels: k-outer boxes for W (grad_input) and for both operands (grad_weight, db),
+#: one and two consumer warpgroups, persistent, two blocks per multiprocessor, fp16.
+HOPPER_BACKWARD = [
+    HopperSpec(layout=GI),
+    HopperSpec(layout=GW, bias=True),
+    HopperSpec(layout=GW, dtype="fp16", bm=128, bn=128, consumers=1, stages=5, persistent=True),
+    HopperSpec(layout=GI, bm=64, bn=64, consumers=1, ctas=2),
+]
+
 
 # ---- identity ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", list(FORWARD_PINS), ids=lambda s: s.name)
@@ -100,8 +110,7 @@ def test_tensorcore_backward_names_round_trip():
 def test_layout_is_set_by_the_problem_not_a_variant_option():
     assert "layout" not in {f.name for f in families.variant_fields("simt")}
     assert "layout" not in {f.name for f in families.variant_fields("tensorcore")}
-    assert families.takes_layouts("simt") and families.takes_layouts("tensorcore")
-    assert not families.takes_layouts("hopper")
+    assert families.takes_layouts("simt") and families.takes_layouts("tensorcore") and families.takes_layouts("hopper")
 
 
 # ---- refusals ------------------------------------------------------------------------------------
@@ -144,9 +153,54 @@ def test_tensorcore_refuses_what_its_backward_kernels_do_not_do():
     assert ok.pipeline_bytes == ok.stages * 32 * (64 + 64) * 2  # two [bk][64] k-outer bf16 tiles, swizzled (no pad)
 
 
-def test_hopper_refuses_the_backward_layouts():
-    hopper = families.get("hopper").Spec()
-    assert any("grad_input" in r for r in hopper.check(Problem(256, 256, 256, DType.bf16, GI)))
+def test_hopper_backward_names_round_trip_and_refusals():
+    for spec in HOPPER_BACKWARD:
+        assert spec.name.endswith(("_gi", "_gw")) and HopperSpec.from_name(spec.name) == spec
+        assert families.spec_from_name(spec.name) == spec and HopperSpec.from_dict(spec.to_dict()) == spec
+        assert not spec.check(Problem(4096, 4096, 4096, spec.dtype, spec.layout, spec.bias))
+    assert HopperSpec(layout=GI).a_t is False and HopperSpec(layout=GI).w_t is True
+    assert HopperSpec(layout=GW).a_t is True and HopperSpec(layout=GW).w_t is True
+    assert any("spec layout forward != problem layout grad_input" in r
+               for r in HopperSpec().check(Problem(256, 256, 256, DType.bf16, GI)))
+    assert any("no bias" in r for r in HopperSpec(layout=GI, bias=True).check())
+    assert any("multiple of 64" in r for r in HopperSpec(layout=GI, bn=96).check())
+    assert any("cluster must be 1" in r for r in HopperSpec(layout=GW, cluster=2).check())
+    assert any("no pack prepass" in r for r in HopperSpec(layout=GW, prepass="pack").check())
+    assert any("tensorcore and simt" in r for r in HopperSpec(layout=GI, block=64, bn=64).check())
+    # TMA's 16-byte row pitches: grad_input reads DY [M][K] and W [K][N]; grad_weight DY [K][M] and X [K][N]
+    assert not HopperSpec(layout=GI).check(Problem(67, 72, 136, DType.bf16, GI))
+    assert any("K=100" in r for r in HopperSpec(layout=GI).check(Problem(64, 64, 100, DType.bf16, GI)))
+    assert any("N=60" in r for r in HopperSpec(layout=GI).check(Problem(64, 60, 64, DType.bf16, GI)))
+    assert not HopperSpec(layout=GW).check(Problem(136, 72, 67, DType.bf16, GW))  # K (the batch) is free
+    assert any("M=100" in r for r in HopperSpec(layout=GW).check(Problem(100, 64, 64, DType.bf16, GW)))
+
+
+def test_hopper_backward_plans_map_the_layout_s_arrays_k_outer():
+    gi = HopperSpec(layout=GI)
+    p = plan(gi, Problem(32, 1024, 4096, DType.bf16, GI))
+    assert [s.args for s in p.launches] == [("DX", "TX", "TW", "B", "M", "N", "K")]
+    tx, tw = p.tensor_maps
+    assert (tx.operand, tx.dims, tx.pitch, tx.box) == ("DY", (4096, 32), 8192, (64, 128))  # K-major, as forward
+    assert (tw.operand, tw.dims, tw.pitch, tw.box) == ("W", (1024, 4096), 2048, (64, 64))  # [K][N]: boxes along N
+    gw = HopperSpec(layout=GW, bias=True)
+    p = plan(gw, Problem(1024, 512, 32, DType.bf16, GW, bias=True))
+    assert [s.symbol for s in p.launches] == [gw.name, gw.name + "_db"]
+    assert p.launches[0].args[:3] == ("DW", "TX", "TW") and p.launches[1].args == ("DB", "DY", "M", "K")
+    tx, tw = p.tensor_maps
+    assert (tx.operand, tx.dims, tx.pitch, tx.box) == ("DY", (1024, 32), 2048, (64, 64))  # [K][M]: boxes along M
+    assert (tw.operand, tw.dims, tw.pitch, tw.box) == ("X", (512, 32), 1024, (64, 64))
+    assert not tx.problems() and not tw.problems()
+    rule = families.get("hopper").grid_rule(gw)
+    assert "TX over DY [K][M] with dims (M, K)" in rule and "Y is DW" in rule and "_db(DB, DY, M, K)" in rule
+
+
+def test_hopper_backward_sources_read_k_outer_boxes_transposed():
+    gi, gw = render(HopperSpec(layout=GI)), render(HopperSpec(layout=GW, bias=True))
+    assert "p, 1, 1, 0, 1;" in gi and "p, 1, 1, 1, 1;" in gw and "p, 1, 1, 0, 0;" in render(HopperSpec())
+    assert "A_LBO = 16, B_LBO = 8192;" in gi and "A_LBO = 8192, B_LBO = 8192;" in gw
+    assert "A_K_STEP_BYTES = 32, B_K_STEP_BYTES = 2048" in gi and "A_K_STEP_BYTES = 2048, B_K_STEP_BYTES = 2048" in gw
+    assert "for (int j = 0; j < b_boxes; ++j)" in gi and "for (int j = 0; j < a_boxes; ++j)" in gw
+    assert "to_f(B[gc])" not in gw and "_db(T* __restrict__ DB" in gw
 
 
 # ---- data and references ---------------------------------------------------------------------------
@@ -245,8 +299,11 @@ def test_spaces_map_points_to_specs_of_the_layout():
     gi = Problem(32, 4096, 4096, DType.bf16, GI)
     tc_seeds = [space_for("tensorcore", DType.bf16, layout=GI).spec(p, gi) for p in seeds("tensorcore")]
     assert all(s.prepass == "none" and s.layout is GI for s in tc_seeds) and any(not s.check(gi) for s in tc_seeds)
-    with pytest.raises(ValueError, match="forward layout only"):
-        space_for("hopper", DType.bf16, layout=GI)
+    hopper = space_for("hopper", DType.bf16, layout=GI)
+    assert "cluster" not in hopper.dims and set(hopper.dims["bn"]) == {64, 128, 192, 256}
+    hp = [hopper.spec(p, gi) for p in seeds("hopper") if "cluster" not in p or p["cluster"] == 1]
+    assert hp and all(s.layout is GI and not s.check(gi) for s in hp)
+    assert all(hopper.spec(point_of(s), gi) == s for s in hp)
 
 
 def _parse(argv):
@@ -271,8 +328,8 @@ def test_layout_usage_errors_exit_2(capsys):
     assert "grad_input layout has no bias" in capsys.readouterr().err
     assert cli.main([*base, "--layout", "grad_weight", "--block", "32", "--density", "0.5"]) == 2
     assert "not grad_weight" in capsys.readouterr().err
-    assert cli.main([*base, "--layout", "grad_weight", "--family", "hopper"]) == 2
-    assert "forward layout only" in capsys.readouterr().err
+    assert cli.main([*base, "--n", "60", "--layout", "grad_input", "--family", "hopper", "--dtype", "bf16"]) == 2
+    assert "N=60" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         cli.main([*base, "--layout", "sideways"])
     assert stop.value.code == 2
@@ -294,12 +351,13 @@ def test_compile_a_weight_gradient_with_db(capsys, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def compiled():
     built = compile_all(SIMT_BACKWARD + TC_BACKWARD, ("sm_80", "sm_90"), use_cache=False, workers=8)
+    built |= compile_all(HOPPER_BACKWARD, ("sm_90",), use_cache=False, workers=8)
     return {(name, arch): (result.report, sass.opcodes(text, name)) for (name, arch), (result, text) in built.items()}
 
 
 def _assert_plan_functions_without_spills(spec, arch, report):
     """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias), and none spills."""
-    expected = {spec.name} | ({spec.name + "_reduce"} if spec.reduce == "two_pass" else set()) | (
+    expected = {spec.name} | ({spec.name + "_reduce"} if getattr(spec, "reduce", "none") == "two_pass" else set()) | (
         {spec.name + "_db"} if spec.bias else set())
     assert set(report) == expected, (arch, report)
     for fn, r in report.items():
@@ -330,6 +388,14 @@ def test_tensorcore_backward_kernels_compile_to_transposed_ldmatrix_without_spil
         assert ops["HMMA"] > 0 and ops["LDGSTS"] > 0
         if spec.mma == "mma":
             assert ops["LDSM"] > 0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("spec", HOPPER_BACKWARD, ids=lambda s: s.name)
+def test_hopper_backward_kernels_compile_to_wgmma_fed_by_tma_without_spills(compiled, spec):
+    report, ops = compiled[(spec.name, "sm_90")]
+    _assert_plan_functions_without_spills(spec, "sm_90", report)
+    assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0
 
 
 # ---- numerics on the CPU (tests/cpu_cuda.py: the kernel as C++, threads as fibers) ----------------------

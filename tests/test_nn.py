@@ -500,7 +500,10 @@ def test_built_in_seeds_put_the_hopper_family_first_for_large_16_bit_forward_lay
     seeds = SeedKernels()
     big = linear_problems(4096, 4096, 4096, DType.bf16, True)
     assert seeds.spec_for(big[Layout.forward]).family == "hopper"
-    assert seeds.spec_for(big[Layout.grad_input]).family == "tensorcore"  # hopper: forward only
+    assert seeds.spec_for(big[Layout.grad_input]).family == "hopper"
+    assert seeds.spec_for(big[Layout.grad_weight]).family == "hopper"
+    odd = linear_problems(4096, 4095, 4096, DType.bf16, True)  # in = 4095: rows TMA cannot read
+    assert seeds.spec_for(odd[Layout.grad_input]).family == "tensorcore"
     assert seeds.spec_for(linear_problems(32, 4096, 4096, DType.bf16)[Layout.forward]).family == "tensorcore"
     assert SeedKernels(arch="sm_80").spec_for(big[Layout.forward]).family == "tensorcore"
 

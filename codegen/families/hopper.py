@@ -41,6 +41,13 @@ of W, and stores nothing; a half of W starting past N is loaded by neither block
 wholly outside its tensor). The grid counts pairs (2 blocks each); a persistent grid strides over
 pair tiles by the number of pairs launched. The launch needs ``cuLaunchKernelEx`` with a cluster
 dimension of (2, 1, 1) (``codegen.launch.KernelLaunch.cluster``).
+The backward GEMMs of the linear layer (``layout``, dense W): grad_input dX = dY·W reads W [K][N]
+and grad_weight dW = dYᵀ·X reads dY [K][M] and X [K][N], operands stored k-outer (MN-major). Their
+tensor maps run along M or N (boxes of 64 elements, one 128-byte swizzle span, by ``bk`` k-rows), a
+tile's MN extent is ``extent / 64`` such boxes side by side, and wgmma reads them transposed (its
+trans-a / trans-b flags; descriptors with 1024 bytes between 8-row groups along K and one box
+between 64-element groups along M or N). Boxes wholly past M or N are not loaded (their rows and
+columns are not stored). grad_weight's bias gradient db is a kernel of its own (codegen.launch.db_launch).
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
@@ -52,16 +59,22 @@ from typing import ClassVar
 
 from codegen.launch import (
     BSR_ARGS,
+    DB_COLS,
+    DB_ROWS,
+    LAYOUT_SLOTS,
     PACK_THREADS,
     KernelLaunch,
     LaunchPlan,
     TensorMapArg,
+    db_launch,
+    db_rule,
+    layout_args,
     pack_launch,
     pack_rule,
     packed_k,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import DeviceLimits, SpecData, sparse_rules
+from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, k_outer, layout_rules, sparse_rules
 
 NAME = "hopper"
 DTYPES = (DType.bf16, DType.fp16)
@@ -73,6 +86,8 @@ SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
 STAGE_ALIGN = 1024
 WG = 128  # threads in a warpgroup
 WGMMA_M, WGMMA_K = 64, 16
+#: Elements of a k-outer (MN-major) operand's box along M or N: one 128-byte swizzle span of 16-bit values.
+MN_BOX = 64
 CONSUMERS = (1, 2)
 CTAS = (1, 2)
 CLUSTERS = (1, 2)
@@ -128,6 +143,7 @@ class Spec(SpecData):
     ctas: int = field(default=1, metadata={"help": "blocks sharing a multiprocessor (1 or 2; 2 halves ring and registers)"})
     block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
     cluster: int = field(default=1, metadata={"help": "blocks per cluster along M sharing W's tile by TMA multicast (1 or 2)"})
+    layout: Layout = field(default=Layout.forward, metadata={"help": "which GEMM of the linear layer"})
 
     family: ClassVar[str] = NAME
 
@@ -137,12 +153,13 @@ class Spec(SpecData):
         return (f"hp_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
-                f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}")
+                f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}"
+                f"{LAYOUT_SUFFIX[self.layout]}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
         r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
-        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?"
+        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -160,6 +177,7 @@ class Spec(SpecData):
             block=int(g.pop("block") or 0),
             ctas=int(g.pop("ctas") or 1),
             cluster=int(g.pop("cluster") or 1),
+            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -180,6 +198,16 @@ class Spec(SpecData):
     def row_bytes(self) -> int:
         """Bytes of one k-tile row in shared memory: the swizzle span (128, 64 or 32)."""
         return self.bk * self.elem
+
+    @property
+    def a_t(self) -> bool:
+        """Whether the left operand is stored k-outer (MN-major; codegen.spec.k_outer)."""
+        return k_outer(self.layout, self.block)[0]
+
+    @property
+    def w_t(self) -> bool:
+        """Whether the right operand is stored k-outer (MN-major; codegen.spec.k_outer)."""
+        return k_outer(self.layout, self.block)[1]
 
     @property
     def wg_m(self) -> int:
@@ -259,6 +287,17 @@ class Spec(SpecData):
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.prepass != "none":
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
+        if self.layout is not Layout.forward:
+            why += layout_rules(self.layout, self.bias, self.block)
+            if self.block and self.layout is Layout.grad_input:
+                why.append("a block-sparse W's grad_input is generated by the tensorcore and simt families, not hopper")
+            if self.prepass != "none":
+                why.append(f"the {self.layout.value} layout has no pack prepass: prepass must be 'none'")
+            if self.cluster != 1:
+                why.append("cluster > 1 is generated for the forward layout only: cluster must be 1")
+            if self.w_t and self.bn % MN_BOX:
+                why.append(f"bn {self.bn} must be a multiple of {MN_BOX} in the {self.layout.value} layout: the right "
+                           f"operand is loaded k-outer in boxes of {MN_BOX} columns")
         if self.ctas == 2 and self.persistent:
             why.append("ctas=2 shares a multiprocessor between two blocks of a plain grid: persistent must be false")
         if self.cluster > 1:
@@ -284,8 +323,8 @@ class Spec(SpecData):
             why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
                        f"{limits.max_smem + 1024} B of a multiprocessor")
         if problem is not None:
-            if problem.layout is not Layout.forward:
-                why.append(f"the {problem.layout.value} layout is not generated yet (forward only)")
+            if problem.layout is not self.layout:
+                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
             if problem.dtype is not self.dtype:
                 why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
             if problem.bias != self.bias:
@@ -295,6 +334,14 @@ class Spec(SpecData):
             elif self.block and problem.k * self.elem % 16:
                 why.append(f"K={problem.k}: rows of X are {problem.k * self.elem} bytes apart, not a multiple of 16 as "
                            f"TMA needs, and a block-sparse W has no pack prepass: use the tensorcore family")
+            elif self.layout is not Layout.forward:
+                pitches = {"M": problem.m} if self.a_t else {"K": problem.k}
+                pitches["N"] = problem.n
+                bad = [f"{d}={v}" for d, v in pitches.items() if v * self.elem % 16]
+                if bad:
+                    why.append(f"{' and '.join(bad)}: the {self.layout.value} layout reads rows of that many "
+                               f"elements, which TMA needs in whole 16-byte units (the backward layouts have no "
+                               f"pack prepass): use the tensorcore family")
             elif problem.k * self.elem % 16 and self.prepass != "pack":
                 why.append(f"K={problem.k}: rows of X and W are {problem.k * self.elem} bytes apart, not a multiple "
                            f"of 16 as TMA needs; use prepass='pack' (rows copied to a 16-byte pitch first) "
@@ -303,10 +350,19 @@ class Spec(SpecData):
 
 
 # ---- template values and launch plan --------------------------------------------------------
+#: The GEMM of each backward layout in the kernel's argument names, for the source's header.
+COMMENT = {
+    Layout.forward: "",
+    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), W read k-outer",
+    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), both read k-outer",
+}
+
+
 def template_values(spec: Spec) -> dict:
     """Every number the template uses, computed here once."""
     values = spec.to_dict()
     acc = spec.bn // 2
+    box_bytes = MN_BOX * spec.elem * spec.bk  # a k-outer box: MN_BOX elements by bk k-rows
     values.update(
         name=spec.name,
         dtype=spec.dtype.value,
@@ -317,7 +373,24 @@ def template_values(spec: Spec) -> dict:
         frag_m=spec.frag_m,
         acc=acc,
         k_steps=spec.bk // WGMMA_K,
-        k_step_bytes=WGMMA_K * spec.elem,
+        # a k-step is 16 elements along a K-major row, or 16 rows of a k-outer box
+        a_k_step_bytes=WGMMA_K * (spec.row_bytes if spec.a_t else spec.elem),
+        b_k_step_bytes=WGMMA_K * (spec.row_bytes if spec.w_t else spec.elem),
+        a_lbo=box_bytes if spec.a_t else 16,
+        b_lbo=box_bytes if spec.w_t else 16,
+        a_t=int(spec.a_t),
+        w_t=int(spec.w_t),
+        trans_a=int(spec.a_t),
+        trans_b=int(spec.w_t),
+        mn_box=MN_BOX,
+        a_boxes=spec.bm // MN_BOX,
+        b_boxes=spec.bn // MN_BOX,
+        box_bytes=box_bytes,
+        bias=spec.bias and spec.layout is Layout.forward,
+        db=spec.bias and spec.layout is Layout.grad_weight,
+        db_cols=DB_COLS,
+        db_rows=DB_ROWS,
+        comment=COMMENT[spec.layout],
         row_bytes=spec.row_bytes,
         swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
         a_bytes=spec.bm * spec.row_bytes,
@@ -357,6 +430,11 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
     """The tensor maps of X and W, and the workspace the pack prepass needs (0 without it)."""
     m, n, k, e = problem.m, problem.n, problem.k, spec.elem
     common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
+    if spec.layout is not Layout.forward:  # the operands of the layout's left and right slots
+        left, right = LAYOUT_SLOTS[spec.layout][1:]
+        tx = (TensorMapArg("TX", left, dims=(m, k), pitch=m * e, box=(MN_BOX, spec.bk), **common) if spec.a_t else
+              TensorMapArg("TX", left, dims=(k, m), pitch=k * e, box=(spec.bk, spec.bm), **common))
+        return (tx, TensorMapArg("TW", right, dims=(n, k), pitch=n * e, box=(MN_BOX, spec.bk), **common)), 0
     if spec.block:
         b = spec.block
         return (TensorMapArg("TX", "X", dims=(k, m), pitch=k * e, box=(b, spec.bm), **common),
@@ -378,8 +456,10 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1), smem=spec.smem_bytes,
-                                 args=SPARSE_ARGS if spec.block else ARGS, persistent=spec.persistent,
-                                 cluster=(cl, 1, 1)))
+                                 args=SPARSE_ARGS if spec.block else layout_args(ARGS, spec.layout),
+                                 persistent=spec.persistent, cluster=(cl, 1, 1)))
+    if spec.bias and spec.layout is Layout.grad_weight:
+        launches.append(db_launch(spec.name, problem))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, tensor_maps=maps)
 
 
@@ -409,6 +489,15 @@ def grid_rule(spec: Spec) -> str:
                      f"over the block array W with dims ({b}, ceil(N/{b})*ceil(K/{b})*{b}), row pitch {b * e} bytes, "
                      f"box ({b}, {b}); X and W 16-byte aligned")
         parts.append(BSR_ARGS.format(block=b))
+    elif spec.layout is not Layout.forward:
+        left, right = LAYOUT_SLOTS[spec.layout][1:]
+        tx = (f"TX over {left} [K][M] with dims (M, K), row pitch M*{e} bytes, box ({MN_BOX}, {spec.bk})" if spec.a_t
+              else f"TX over {left} [M][K] with dims (K, M), row pitch K*{e} bytes, box ({spec.bk}, {spec.bm})")
+        parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero fill): {tx}; "
+                     f"TW over {right} [K][N] with dims (N, K), row pitch N*{e} bytes, box ({MN_BOX}, {spec.bk}); row "
+                     f"pitches multiples of 16 bytes, operands 16-byte aligned")
+        slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
+        parts.append(f"arguments Y is {slots[0]} ({COMMENT[spec.layout]}), B is null")
     else:
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
@@ -417,6 +506,8 @@ def grid_rule(spec: Spec) -> str:
     if cl > 1:
         parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
                      f"= ({cl}, 1, 1)): each cluster of {cl} consecutive blocks shares W's tile by TMA multicast")
+    if spec.bias and spec.layout is Layout.grad_weight:
+        parts.append("then " + db_rule(spec.name))
     if spec.ctas > 1:
         parts.append(f"{spec.ctas} blocks share a multiprocessor (__launch_bounds__({spec.threads}, {spec.ctas}))")
     return "; ".join(parts)

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from codegen.families.hopper import Spec
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from search.space import Space
 
 NAME = "hopper"
 
 
-def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
+def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.forward) -> Space:
     """Everything the Hopper template can express that is worth trying. The k-tile is fixed (one
     128-byte swizzle span), and the pack prepass is not sampled: it is on exactly when the
     problem's K breaks TMA's 16-byte row pitch (``to_spec``). A dense W may be shared by a pair of
     blocks (``cluster`` 2: a thread-block cluster along M, W's tile multicast by TMA). With a
     block-sparse W (``block`` > 0) the block tile spans one block row and the k-tile is one block,
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
-    share a multiprocessor (``ctas``), for rows that hold only a few kept blocks."""
+    share a multiprocessor (``ctas``), for rows that hold only a few kept blocks. The backward layouts
+    (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
+    have no cluster pairs."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
@@ -26,6 +28,9 @@ def space(dtype: DType = DType.bf16, block: int = 0) -> Space:
         "group_m": (1, 4, 8, 16),
         "cluster": (1, 2),
     }
+    if Layout(layout) is not Layout.forward:
+        dims["bn"] = (64, 128, 192, 256)
+        del dims["cluster"]
     if block:
         del dims["bn"], dims["cluster"]
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
@@ -83,12 +88,14 @@ def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows
     (dense W only); with a block-sparse W, ``bn`` is the block."""
     if problem.block:
-        return Spec(dtype=problem.dtype, bias=problem.bias, bn=problem.block, block=problem.block, **point)
-    pack = problem.k * problem.dtype.itemsize % 16 != 0
-    return Spec(dtype=problem.dtype, bias=problem.bias, prepass="pack" if pack else "none", **point)
+        return Spec(dtype=problem.dtype, bias=problem.bias, bn=problem.block, block=problem.block,
+                    layout=problem.layout, **point)
+    pack = problem.layout is Layout.forward and problem.k * problem.dtype.itemsize % 16 != 0
+    return Spec(dtype=problem.dtype, bias=problem.bias, prepass="pack" if pack else "none", layout=problem.layout,
+                **point)
 
 
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    return {k: d[k] for k in space(spec.dtype, spec.block).dims}
+    return {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims}

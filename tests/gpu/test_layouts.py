@@ -9,6 +9,7 @@ import pytest
 import codegen.evaluate as evaluate
 from codegen import sparse
 from codegen.evaluate import Evaluator
+from codegen.families.hopper import Spec as HopperSpec
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
 from codegen.launch import LaunchPlan
@@ -92,6 +93,33 @@ def test_sparse_grad_input_is_correct(evaluator, spec):
         problem = sparse.problem_for(batch, pattern, spec.dtype, layout=GI)
         result, _ = evaluator.evaluate(spec, problem)
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+
+
+#: Hopper's backward kernels read k-outer operands in boxes along M or N: layers whose rows TMA can read
+#: (in and out multiples of 8; the batch is free in grad_weight, where it is K), with M and N that end
+#: inside a box, boxes wholly past N or M, a partial k-tile, one k-tile, and a large layer.
+HOPPER_LAYERS = {GI: [(8, 8, 8), (67, 72, 136), (1025, 1032, 1016), (32, 4096, 4096)],
+                 GW: [(1, 8, 8), (67, 72, 136), (1025, 1032, 1016), (32, 4096, 4096), (300, 200, 328)]}
+HOPPER = [
+    dict(),  # 128x256, two consumers
+    dict(bm=128, bn=128, consumers=1, stages=5, persistent=True),
+    dict(bm=64, bn=64, consumers=1, ctas=2),
+    dict(bm=256, bn=128, consumers=2, stages=3, group_m=4),  # two m64 boxes per consumer
+    dict(bm=128, bn=192, consumers=2, stages=4),
+]
+HOPPER_CASES = [HopperSpec(dtype=dt, bias=bias, layout=layout, **v)
+                for layout in (GI, GW) for bias in ((False,) if layout is GI else (False, True))
+                for dt, variants in ((DType.bf16, HOPPER), (DType.fp16, HOPPER[:2])) for v in variants]
+
+
+@pytest.mark.parametrize("spec", HOPPER_CASES, ids=lambda s: s.name)
+def test_hopper_backward_gemms_are_correct(evaluator, spec):
+    assert not spec.check()
+    for batch, fin, fout in HOPPER_LAYERS[spec.layout]:
+        problem = linear_problems(batch, fin, fout, spec.dtype, spec.bias)[spec.layout]
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
 
 
 @pytest.mark.parametrize("drop", ["_db", "main"])
