@@ -25,10 +25,11 @@ STATUSES = (
     "context_lost", "timeout", "worker_crash", "wrong_result", "nan_or_inf",
 )
 #: Small shape, no side a multiple of any tile: every evaluation also runs it. A kernel that needs
-#: 16-byte rows (K a multiple of 8) and refuses K = 91 gets K = PROBE_ALIGNED_K, which still ends in
-#: a partial k-tile.
+#: 16-byte rows and refuses a side of it gets that side from PROBE_ALIGNED (multiples of 8, still no
+#: multiple of any tile: K = PROBE_ALIGNED_K ends in a partial k-tile), as few sides as it takes.
 PROBE = (67, 45, 91)
-PROBE_ALIGNED_K = 88
+PROBE_ALIGNED = (72, 40, 88)
+PROBE_ALIGNED_K = PROBE_ALIGNED[2]
 DEFAULT_TIMING = {"reps_min": 20, "reps_max": 100, "target_ms": 100.0}
 
 
@@ -46,21 +47,23 @@ def blank_result(status: str, evidence: str) -> dict:
 
 def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     """The odd-shape problem every evaluation of ``problem``'s kernels also runs (for a block-sparse
-    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern); with K =
-    PROBE_ALIGNED_K where ``spec`` refuses PROBE's K and takes that one (a kernel that reads 16-byte
-    rows of X through TMA, dense or block-sparse W)."""
-    m, n, k = PROBE
+    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern). Where ``spec``
+    refuses PROBE, the first shape it takes with the fewest sides from PROBE_ALIGNED, K first (a
+    kernel that reads 16-byte rows through TMA: X's in the forward layout, dY's and W's or X's, along
+    M or N, in the backward ones); PROBE itself when it takes none."""
 
-    def at(k: int) -> Problem:
+    def at(m: int, n: int, k: int) -> Problem:
         if problem.sparse:  # the pattern is of the layer's W: [N, K] forward, [K, N] (out x in) in grad_input
             shape = (k, n) if problem.layout is Layout.grad_input else (n, k)
             return sparse.problem_for(m, sparse.probe_pattern(*shape, problem.block), problem.dtype, problem.bias,
                                       problem.layout)
         return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
 
-    probe = at(k)
-    if spec is not None and spec.check(probe):
-        aligned = at(PROBE_ALIGNED_K)
+    probe = at(*PROBE)
+    if spec is None or not spec.check(probe):
+        return probe
+    for sides in ((2,), (0,), (1,), (0, 2), (1, 2), (0, 1), (0, 1, 2)):
+        aligned = at(*(PROBE_ALIGNED[i] if i in sides else PROBE[i] for i in range(3)))
         if not spec.check(aligned):
             return aligned
     return probe

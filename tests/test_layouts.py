@@ -528,3 +528,11 @@ def test_sparse_grad_input_is_correct_in_cpu_emulation(spec, tmp_path):
 
         status, evidence, _ = compare(p, got["DX"], references(p, inputs)["DX"])
         assert status == "ok", f"{spec.name} {p.key}: {evidence}"
+
+
+def test_the_odd_probe_aligns_only_the_sides_a_hopper_backward_kernel_reads_as_rows():
+    gi = probe_for(Problem(4096, 4096, 4096, DType.bf16, GI), HopperSpec(layout=GI))
+    assert (gi.m, gi.n, gi.k) == (67, 40, 88)  # dY [M][K] and W [K][N]: K and N aligned, M odd
+    gw = probe_for(Problem(4096, 4096, 32, DType.bf16, GW, bias=True), HopperSpec(layout=GW, bias=True))
+    assert (gw.m, gw.n, gw.k) == (72, 40, 91) and gw.bias  # dY [K][M] and X [K][N]: K (the batch) stays odd
+    assert probe_for(Problem(64, 64, 64, DType.bf16, GI), SimtSpec(layout=GI, dtype="bf16")).n == 45
