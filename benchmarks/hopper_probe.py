@@ -8,7 +8,7 @@ with NaN, and compare with a float64 reference computed on the GPU by torch: sta
 error, and for a failure the stage it failed at, the CUDA error, the first unwritten or wrong
 element with its value and reference and its block tile. Shapes: small odd ones (tails in M, N and
 K, bias, K that breaks 16-byte rows through the pack prepass), then the timed layers 4096^3,
-8192^3, 4096x11008x4096, 128x4096x4096 and 4097x4095x4093, each validated first and then timed next to cuBLAS
+8192^3, 4096x11008x4096, 128x4096x4096, 32x4096x4096 and 4097x4095x4093, each validated first and then timed next to cuBLAS
 (torch.matmul) with the runtime's harness: CUDA events, warm-up, L2 flushed before each repetition,
 median of at least 20. A launch that does not finish within --hang-s is a hang: the point's
 process reports where and exits. Prints a table last and writes everything to OUT/hopper_probe.json.
@@ -29,16 +29,19 @@ from pathlib import Path
 
 #: Points of search/spaces/hopper.py, small tiles to large (labels for the table).
 POINTS = [
-    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8, cluster=1)),
-    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8, cluster=1)),
-    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8, cluster=1)),
-    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1)),
-    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1)),
-    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1)),
-    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1)),
+    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1)),
+    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1)),
+    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
+    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=1)),
+    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
+    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
+    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1, split_k=1)),
     # Thread-block cluster pairs along M sharing W's tile by TMA multicast (built without a GPU: unverified).
-    ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2)),
-    ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2)),
+    ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2, split_k=1)),
+    ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2, split_k=1)),
+    # Split-K for small batches (few output tiles; built without a GPU: unverified).
+    ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4)),
+    ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8)),
 ]
 #: (m, n, k, bias, timed): validated in this order; the timed ones are then measured against cuBLAS.
 SHAPES = [
@@ -50,6 +53,7 @@ SHAPES = [
     (8192, 8192, 8192, False, True),
     (4096, 11008, 4096, False, True),
     (128, 4096, 4096, False, True),  # a small batch: few tiles, the ring's fill and drain show
+    (32, 4096, 4096, False, True),  # batch 32: 16 tiles of 64 x 256 for 132 multiprocessors, unless K is split
     (4097, 4095, 4093, False, True),  # unaligned: cuBLAS falls off its fast path here
 ]
 DTYPES = ("bf16", "fp16")

@@ -38,6 +38,10 @@ def grid() -> list[Spec]:
         Spec(bm=64, bn=256, consumers=1, stages=3),
         Spec(dtype=DType.fp16, bm=128, bn=160, consumers=1, stages=4, bias=True, persistent=True),
         Spec(bm=128, bn=8, consumers=2, stages=8),
+        Spec(bm=64, bn=128, consumers=1, stages=6, group_m=4, split_k=4),
+        Spec(dtype=DType.fp16, bias=True, bm=64, bn=256, consumers=1, stages=4, split_k=8),
+        Spec(bias=True, bm=128, bn=256, prepass="pack", split_k=16),
+        Spec(bm=64, bn=64, consumers=1, stages=3, split_k=2),
     ]
 
 
@@ -48,7 +52,7 @@ GRID = grid()
 def test_grid_is_valid_distinct_and_covers_every_choice():
     assert all(not s.check() for s in GRID), [(s.name, s.check()) for s in GRID if s.check()]
     assert len({s.name for s in GRID}) == len(GRID)
-    for dim in ("dtype", "bias", "consumers", "persistent", "prepass", "bm", "bn", "stages"):
+    for dim in ("dtype", "bias", "consumers", "persistent", "prepass", "bm", "bn", "stages", "split_k"):
         assert len({getattr(s, dim) for s in GRID}) > 1, dim
 
 
@@ -65,6 +69,8 @@ def test_names_of_other_families_and_bad_values_are_refused():
         Spec.from_name("tc_bf16_nobias_mma_128x128x32_w64x32x1_s4x_es_g8_k1")
     with pytest.raises(ValueError, match="not a canonical hopper kernel name"):
         Spec.from_name("hp_bf16_nobias_128x256x32_c2_s4_g8")  # the k-tile is always 64
+    with pytest.raises(ValueError, match="not a canonical hopper kernel name"):
+        Spec.from_name("hp_bf16_nobias_128x256x64_c2_s4_g8_k1")  # no split: no suffix
     with pytest.raises(ValueError, match="is not a 'hopper' spec"):
         Spec.from_dict({"family": "simt", "bm": 64})
     with pytest.raises(TypeError, match="persistent must be true or false"):
@@ -88,6 +94,10 @@ def test_names_of_other_families_and_bad_values_are_refused():
         (dict(bm=256, bn=256), "accumulators per consumer thread"),
         (dict(bm=128, bn=256, consumers=1), "accumulators per consumer thread"),
         (dict(group_m=0), "group_m must be >= 1"),
+        (dict(split_k=0), "split_k must be >= 1"),
+        (dict(split_k=4, persistent=True), "plain grid: persistent must be false"),
+        (dict(split_k=4, cluster=2), "split_k > 1 is generated without clusters"),
+        (dict(split_k=4, block=64, bn=64, bm=128), "split_k > 1 is generated for a dense W only"),
     ],
 )
 def test_check_names_each_broken_rule(fields, reason):
@@ -125,7 +135,7 @@ def test_shared_memory_and_register_budgets():
 # ---- space -------------------------------------------------------------------------------------
 def test_space_maps_points_to_specs_and_back():
     space = space_for("hopper", DType.bf16)
-    assert space.size == 3 * 7 * 5 * 2 * 2 * 4 * 2
+    assert space.size == 3 * 7 * 5 * 2 * 2 * 4 * 2 * 5
     rng = random.Random(0)
     points = list(space.points())
     for point in rng.sample(points, 60):
@@ -181,6 +191,43 @@ def test_plan_of_a_misaligned_k_packs_first_and_maps_the_workspace():
     assert p.workspace_bytes == (4097 + 4095) * 4096 * 2
     assert not tx.problems() and not tw.problems()
     assert LaunchPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_names_without_a_split_keep_their_identity_and_a_split_is_a_suffix():
+    assert Spec().name == "hp_bf16_nobias_128x256x64_c2_s4_g8"
+    split = Spec(bias=True, bm=64, bn=128, consumers=1, stages=6, group_m=4, split_k=8, prepass="pack")
+    assert split.name == "hp_bf16_bias_64x128x64_c1_s6_g4_pk_k8" and Spec.from_name(split.name) == split
+
+
+def test_plan_of_a_split_writes_partial_sums_then_reduces():
+    spec = Spec(bias=True, bm=64, bn=128, consumers=1, stages=6, group_m=4, split_k=4)
+    problem = Problem(130, 250, 200, DType.bf16, bias=True)
+    p = plan(spec, problem)
+    main, reduce = p.launches
+    assert main.args == ("Y", "TX", "TW", "B", "WS", "M", "N", "K")
+    assert main.grid == (3 * 2, 4, 1) and not main.persistent and main.cluster == (1, 1, 1)
+    assert reduce.symbol == spec.name + "_reduce" and reduce.args == ("Y", "B", "WS", "M", "N")
+    assert reduce.grid == (-(-130 * 250 // 256), 1, 1) and reduce.block == (256, 1, 1)
+    assert p.workspace_bytes == 4 * 4 * 130 * 250 and not p.zero_output  # a multiple of 16 already
+    assert [t.operand for t in p.tensor_maps] == ["X", "W"]
+    assert LaunchPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_plan_of_a_split_with_pack_puts_the_packed_rows_after_the_partial_sums():
+    spec = Spec(prepass="pack", split_k=2)
+    problem = Problem(3, 5, 75, DType.bf16)  # 4 * 2 * 15 = 120 bytes of partial sums, 128 rounded
+    p = plan(spec, problem)
+    pack, main, reduce = p.launches
+    assert (pack.symbol, main.symbol, reduce.symbol) == (spec.name + "_pack", spec.name, spec.name + "_reduce")
+    tx, tw = p.tensor_maps
+    assert (tx.operand, tx.offset, tw.offset) == ("WS", 128, 128 + 3 * 80 * 2)
+    assert p.workspace_bytes == 128 + (3 + 5) * 80 * 2
+    assert not tx.problems() and not tw.problems()
+    manifest = json.loads(export_files(spec, problem, None, "sm_90")[1])
+    assert [k["symbol"] for k in manifest["kernels"]] == [spec.name + "_pack", spec.name, spec.name + "_reduce"]
+    assert manifest["workspace_bytes"] == p.workspace_bytes
+    assert "at byte ceil16(4*2*M*N)" in manifest["grid_rule"] and "grid = (ceil(M/128) * ceil(N/256), 2, 1)" in \
+        manifest["grid_rule"] and f"{spec.name}_reduce: grid = (ceil(M*N/256), 1, 1)" in manifest["grid_rule"]
 
 
 def test_tensor_map_rules_and_encoding():
@@ -292,6 +339,7 @@ def test_sample_is_broad():
     assert len({(s.bm, s.bn, s.consumers) for s in SAMPLE}) >= 23
     assert {s.consumers for s in SAMPLE} == {1, 2} and {s.persistent for s in SAMPLE} == {False, True}
     assert {s.prepass for s in SAMPLE} == {"none", "pack"} and {s.dtype for s in SAMPLE} == {DType.bf16, DType.fp16}
+    assert {(s.split_k > 1, s.prepass, s.bias) for s in SAMPLE} >= {(True, "pack", True), (True, "none", False)}
     assert max(s.acc_regs for s in SAMPLE) == 160
 
 
@@ -301,7 +349,8 @@ def test_every_sampled_spec_compiles_to_wgmma_fed_by_tma(compiled):
         result, text = compiled[spec.name]
         assert result.arch == "sm_90" and "-arch=sm_90a" in result.options
         code = sass.functions(text)
-        assert set(code) == {spec.name} | ({spec.name + "_pack"} if spec.prepass == "pack" else set())
+        assert set(code) == ({spec.name} | ({spec.name + "_pack"} if spec.prepass == "pack" else set())
+                             | ({spec.name + "_reduce"} if spec.split_k > 1 else set()))
         ops = sass.opcodes(text, spec.name)
         shape = f"HGMMA.64x{spec.bn}x16.F32" + (".BF16" if spec.dtype is DType.bf16 else " ")
         assert ops["HGMMA"] == 4 * spec.frag_m and code[spec.name].count(shape) == 4 * spec.frag_m, spec.name

@@ -58,7 +58,8 @@ def test_every_probe_shape_maps_every_point_to_a_valid_kernel():
                 assert (spec.prepass == "pack") == (k % 8 != 0)
     # issue 14's timed layers
     assert {s[:3] for s in probe.SHAPES if s[4]} == {(4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096),
-                                                     (128, 4096, 4096), (4097, 4095, 4093)}
+                                                     (128, 4096, 4096), (32, 4096, 4096), (4097, 4095, 4093)}
+    assert {point["split_k"] for _, point in probe.POINTS} == {1, 4, 8}  # split-K for the small batches
 
 
 def _run(label, events, ending="done", exit_code=0, stderr=""):

@@ -48,6 +48,11 @@ tile's MN extent is ``extent / 64`` such boxes side by side, and wgmma reads the
 trans-a / trans-b flags; descriptors with 1024 bytes between 8-row groups along K and one box
 between 64-element groups along M or N). Boxes wholly past M or N are not loaded (their rows and
 columns are not stored). grad_weight's bias gradient db is a kernel of its own (codegen.launch.db_launch).
+``split_k`` > 1 (dense W, plain grid, no cluster) splits K over the grid's y dimension, for layers of
+few output tiles: block (tile, split) runs its split's k-tiles (``split_range``; a split past K's last
+k-tile has none and writes zeros) and stores its fp32 partial sums into the workspace WS[split][M][N];
+a second kernel (``reduce_kernel``) sums the splits, adds the bias and converts (the two-pass split-K
+of codegen.launch). With the pack prepass, the packed copies follow the partial sums in the workspace.
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
@@ -72,6 +77,9 @@ from codegen.launch import (
     pack_launch,
     pack_rule,
     packed_k,
+    reduce_launch,
+    reduce_rule,
+    workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, k_outer, layout_rules, sparse_rules
@@ -119,6 +127,7 @@ def consumer_regs(consumers: int, ctas: int) -> int:
 CONSUMER_OVERHEAD = 56
 ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
 SPARSE_ARGS = ("Y", "TX", "TW", "B", "RP", "CI", "M", "N", "K")
+SPLIT_ARGS = ("Y", "TX", "TW", "B", "WS", "M", "N", "K")  # split-K: partial sums into WS
 PTX_TYPE = {DType.bf16: "bf16", DType.fp16: "f16"}
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2"}
 
@@ -144,6 +153,7 @@ class Spec(SpecData):
     block: int = field(default=0, metadata={"help": "W block-sparse in block x block blocks (BSR); 0: dense W"})
     cluster: int = field(default=1, metadata={"help": "blocks per cluster along M sharing W's tile by TMA multicast (1 or 2)"})
     layout: Layout = field(default=Layout.forward, metadata={"help": "which GEMM of the linear layer"})
+    split_k: int = field(default=1, metadata={"help": "K split over the grid, reduced by a second pass (1: no split)"})
 
     family: ClassVar[str] = NAME
 
@@ -154,12 +164,12 @@ class Spec(SpecData):
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
                 f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}"
-                f"{LAYOUT_SUFFIX[self.layout]}")
+                f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{LAYOUT_SUFFIX[self.layout]}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
         r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
-        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_(?P<layout>gi|gw))?"
+        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -178,6 +188,7 @@ class Spec(SpecData):
             ctas=int(g.pop("ctas") or 1),
             cluster=int(g.pop("cluster") or 1),
             layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
+            split_k=int(g.pop("split_k") or 1),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -257,7 +268,7 @@ class Spec(SpecData):
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
         why: list[str] = []
-        for name in ("bm", "bn", "stages", "group_m"):
+        for name in ("bm", "bn", "stages", "group_m", "split_k"):
             if getattr(self, name) < 1:
                 why.append(f"{name} must be >= 1")
         if self.prepass not in PREPASSES:
@@ -309,6 +320,17 @@ class Spec(SpecData):
             if self.bn % (8 * self.cluster):
                 why.append(f"bn {self.bn} must be a multiple of 8 x cluster {self.cluster}: each block multicasts "
                            f"bn/{self.cluster} rows of W, whole 8-row swizzle groups")
+        if self.split_k > 1:
+            if self.block:
+                why.append("split_k > 1 is generated for a dense W only (a block-sparse row's kept blocks are not "
+                           "split): split_k must be 1")
+            if self.cluster > 1:
+                why.append("split_k > 1 is generated without clusters (the splits of a pair are not generated): "
+                           "cluster must be 1")
+            if self.persistent:
+                why.append("split_k > 1 launches one block per (tile, split) on a plain grid: persistent must be false")
+            if self.layout is not Layout.forward:
+                why.append("split_k > 1 is generated for the forward layout only: split_k must be 1")
         if why:
             return why
         budget = self.consumer_regs
@@ -426,8 +448,14 @@ def block_rows_bound(problem: Problem, block: int) -> int:
     return -(-problem.n // block) * -(-problem.k // block) * block
 
 
+def _partials_bytes(spec: Spec, problem: Problem) -> int:
+    """Two-pass split-K partial sums, first in the workspace, rounded up to 16 bytes (0 without a split)."""
+    return -(-workspace_bytes(spec.split_k, problem) // 16) * 16 if spec.split_k > 1 else 0
+
+
 def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapArg], int]:
-    """The tensor maps of X and W, and the workspace the pack prepass needs (0 without it)."""
+    """The tensor maps of X and W, and the workspace the pack prepass needs (0 without it), which
+    follows any split-K partial sums."""
     m, n, k, e = problem.m, problem.n, problem.k, spec.elem
     common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
     if spec.layout is not Layout.forward:  # the operands of the layout's left and right slots
@@ -441,10 +469,10 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
                 TensorMapArg("TW", "W", dims=(b, block_rows_bound(problem, b)), pitch=b * e, box=(b, b),
                              **common)), 0
     if spec.prepass == "pack":
-        kp = packed_k(16 // e, k)
-        return (TensorMapArg("TX", "WS", dims=(k, m), pitch=kp * e, box=(spec.bk, spec.bm), offset=0, **common),
-                TensorMapArg("TW", "WS", dims=(k, n), pitch=kp * e, box=(spec.bk, spec.w_slice_rows), offset=m * kp * e,
-                             **common)), (m + n) * kp * e
+        kp, at = packed_k(16 // e, k), _partials_bytes(spec, problem)
+        return (TensorMapArg("TX", "WS", dims=(k, m), pitch=kp * e, box=(spec.bk, spec.bm), offset=at, **common),
+                TensorMapArg("TW", "WS", dims=(k, n), pitch=kp * e, box=(spec.bk, spec.w_slice_rows),
+                             offset=at + m * kp * e, **common)), (m + n) * kp * e
     return (TensorMapArg("TX", "X", dims=(k, m), pitch=k * e, box=(spec.bk, spec.bm), **common),
             TensorMapArg("TW", "W", dims=(k, n), pitch=k * e, box=(spec.bk, spec.w_slice_rows), **common)), 0
 
@@ -455,12 +483,15 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     tiles = -(-problem.m // (cl * spec.bm)) * cl * -(-problem.n // spec.bn)
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
-    launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1), smem=spec.smem_bytes,
-                                 args=SPARSE_ARGS if spec.block else layout_args(ARGS, spec.layout),
-                                 persistent=spec.persistent, cluster=(cl, 1, 1)))
+    args = SPARSE_ARGS if spec.block else SPLIT_ARGS if spec.split_k > 1 else layout_args(ARGS, spec.layout)
+    launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, spec.split_k, 1), block=(spec.threads, 1, 1),
+                                 smem=spec.smem_bytes, args=args, persistent=spec.persistent, cluster=(cl, 1, 1)))
+    if spec.split_k > 1:
+        launches.append(reduce_launch(spec.name, spec.split_k, problem))
     if spec.bias and spec.layout is Layout.grad_weight:
         launches.append(db_launch(spec.name, problem))
-    return LaunchPlan(launches=tuple(launches), workspace_bytes=workspace, tensor_maps=maps)
+    return LaunchPlan(launches=tuple(launches), workspace_bytes=_partials_bytes(spec, problem) + workspace,
+                      tensor_maps=maps)
 
 
 def grid_rule(spec: Spec) -> str:
@@ -468,8 +499,11 @@ def grid_rule(spec: Spec) -> str:
     e, ce, sw = spec.elem, 16 // spec.elem, spec.row_bytes
     parts = []
     if spec.prepass == "pack":
-        parts.append(pack_rule(spec.name, ce, e, "0"))
-        src_x, src_w, pitch = "WS", f"WS + M*KP*{e} bytes", f"KP*{e}"
+        at = f"ceil16(4*{spec.split_k}*M*N)" if spec.split_k > 1 else "0"  # after the partial sums
+        parts.append(pack_rule(spec.name, ce, e, at))
+        src_x, src_w = ("WS", f"WS + M*KP*{e} bytes") if spec.split_k == 1 else (f"WS + {at} bytes",
+                                                                                  f"WS + {at} + M*KP*{e} bytes")
+        pitch = f"KP*{e}"
     else:
         src_x, src_w, pitch = "X", "W", f"K*{e}"
     cl = spec.cluster
@@ -480,7 +514,7 @@ def grid_rule(spec: Spec) -> str:
     else:
         tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
         blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
-    head = (f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
+    head = (f"{spec.name}: grid = ({blocks}, {spec.split_k}, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
             f"{spec.smem_bytes} B")
     if spec.block:
         b = spec.block
@@ -510,4 +544,7 @@ def grid_rule(spec: Spec) -> str:
         parts.append("then " + db_rule(spec.name))
     if spec.ctas > 1:
         parts.append(f"{spec.ctas} blocks share a multiprocessor (__launch_bounds__({spec.threads}, {spec.ctas}))")
+    if spec.split_k > 1:
+        parts.append(f"block y of the grid is the split of K: it writes fp32 partial sums to WS[{spec.split_k}][M][N] "
+                     f"at byte 0 (no bias), then " + reduce_rule(spec.name, spec.split_k) + " (rounded up to 16 bytes)")
     return "; ".join(parts)

@@ -13,12 +13,13 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     """Everything the Hopper template can express that is worth trying. The k-tile is fixed (one
     128-byte swizzle span), and the pack prepass is not sampled: it is on exactly when the
     problem's K breaks TMA's 16-byte row pitch (``to_spec``). A dense W may be shared by a pair of
-    blocks (``cluster`` 2: a thread-block cluster along M, W's tile multicast by TMA). With a
+    blocks (``cluster`` 2: a thread-block cluster along M, W's tile multicast by TMA), and its K split
+    over the grid (``split_k``, for layers of few output tiles; two passes through an fp32 workspace). With a
     block-sparse W (``block`` > 0) the block tile spans one block row and the k-tile is one block,
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
     share a multiprocessor (``ctas``), for rows that hold only a few kept blocks. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs."""
+    have no cluster pairs and no split."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
@@ -27,12 +28,13 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
         "cluster": (1, 2),
+        "split_k": (1, 2, 4, 8, 16),
     }
     if Layout(layout) is not Layout.forward:
         dims["bn"] = (64, 128, 192, 256)
-        del dims["cluster"]
+        del dims["cluster"], dims["split_k"]
     if block:
-        del dims["bn"], dims["cluster"]
+        del dims["bn"], dims["cluster"], dims["split_k"]
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
     return Space(NAME, dims)
@@ -40,12 +42,12 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(bm=(128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
-                  group_m=(8,), cluster=(1, 2))
+                  group_m=(8,), cluster=(1, 2), split_k=(1,))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1) -> dict:
+def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1, split_k=1) -> dict:
     return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
-                cluster=cluster)
+                cluster=cluster, split_k=split_k)
 
 
 #: Plausible good points for large 16-bit layers (two consumer warpgroups of 64 x 256, or of 128 x 128),
@@ -53,7 +55,8 @@ def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1) -> dict:
 #: (H200, 2026-12-02, benchmarks/results/hopper-NVIDIA_H200-2026-12-02T000933Z.json): 128x256 c2 s4
 #: persistent, 711 TFLOP/s bf16 at 4096^3 (0.90x cuBLAS), and 128x128 c2 s5 persistent, 657 at
 #: 4096x11008x4096 (1.01x); the others are untested, the cluster pair (W's tile multicast to two
-#: blocks) too: it was built without a GPU. No search has run on this family yet.
+#: blocks) too: it was built without a GPU. No search has run on this family yet. The split-K points are for
+#: small M (batch 32-128 at N 4096: 16-32 output tiles of 132 multiprocessors), untested on a GPU.
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
@@ -62,6 +65,8 @@ SEEDS = [
     _point(128, 128, 5, 2, True),
     _point(128, 128, 6, 1, True),
     _point(64, 128, 6, 1, True, group_m=4),
+    _point(64, 128, 6, 1, False, group_m=4, split_k=4),
+    _point(64, 256, 4, 1, False, group_m=4, split_k=8),
 ]
 
 
