@@ -103,9 +103,14 @@ class Operands:
         """The GEMM's own output (what a plan's ``zero_output`` zeroes)."""
         return next(iter(self.outputs))
 
-    def poison(self, stream) -> None:
+    def poison(self, stream, plan: LaunchPlan | None = None) -> None:
+        """Every output filled with NaN, and the plan's workspace too (float32 NaN), so that a partial sum
+        or packed row a kernel leaves unwritten shows as NaN rather than as whatever memory held."""
         for name in self.outputs:
             self.buffers[name].fill16(NAN16.get(self.problem.dtype, NAN32_HALVES), stream)
+        if plan is not None and plan.workspace_bytes:
+            self.address("WS", plan)
+            self.workspace.fill16(NAN32_HALVES, stream)
 
     def output(self, name: str | None = None) -> np.ndarray:
         name = name or self.main_output
@@ -313,9 +318,9 @@ class Engine:
             module.unload()
 
     def _validate(self, module: Module, plan: LaunchPlan, ops: Operands, what: str) -> float | None:
-        """Every output poisoned with NaN, the plan run, each output checked against float64; the
-        relative error of the GEMM's own output."""
-        ops.poison(self.stream)
+        """Every output and the workspace poisoned with NaN, the plan run, each output checked against
+        float64; the relative error of the GEMM's own output."""
+        ops.poison(self.stream, plan)
         self.run_plan(module, plan, ops)
         self.synchronize(what)
         errors = {}

@@ -380,6 +380,12 @@ def test_rendered_source_spells_only_what_is_on():
     fp16 = render(Spec(dtype=DType.fp16, bias=True, consumers=1, bn=128, prepass="pack"))
     assert "m64n128k16.f32.f16.f16" in fp16 and "B[gc]" in fp16 and "_pack(" in fp16
     assert "setmaxnreg.inc.sync.aligned.u32 240" in fp16
+    assert plain.count("split_range(") == 1 and "_reduce" not in plain and "WS" not in plain  # defined, not used
+    split = render(Spec(bias=True, bm=64, bn=128, consumers=1, split_k=4))
+    assert "split_range(blockIdx.y, K, BK, SPLIT_K, k_lo, k_hi);" in split and "SPLIT_K = 4;" in split
+    assert "float* __restrict__ WS, int M, int N, int K)" in split
+    assert "store_partial<false, true>(WS, acc, blockIdx.y" in split and "store_tile<false, true>(Y" not in split
+    assert "_k4_reduce(T* __restrict__ Y" in split and "v += to_f(B[idx % N]);" in split
 
 
 def test_the_odd_probe_keeps_a_partial_k_tile_for_kernels_that_need_16_byte_rows():

@@ -185,6 +185,19 @@ def test_one_shape_builds_runs_compares_and_times(cpu_probe):
     assert "ours_ms" not in result
 
 
+def test_one_shape_runs_a_split_point_on_a_poisoned_workspace(cpu_probe, monkeypatch):
+    from codegen.spec import DeviceLimits
+
+    engine, split = _FakeEngine(), dict(probe.POINTS[-1][1])
+    rec = {"dtype": "bf16", "shape": "32x257x200"}
+    ops, real = [], probe.TorchOperands
+    monkeypatch.setattr(probe, "TorchOperands", lambda problem, torch: ops.append(real(problem, torch)) or ops[-1])
+    result = probe.one_shape(engine, DeviceLimits(), {}, split, rec, (32, 257, 200, False, False), 10.0)
+    assert result["status"] == "ok" and rec["kernel"].endswith("_k8") and "WS" in engine.seen
+    (op,) = ops
+    assert op.ws.numel() == 4 * 8 * 32 * 257 and bool((op.ws == 255).all())  # NaN before the (fake) launch
+
+
 def test_one_shape_reports_an_unwritten_output_and_an_invalid_point(cpu_probe):
     from codegen.spec import DeviceLimits
 

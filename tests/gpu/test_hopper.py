@@ -2,7 +2,9 @@
 16-bit types, with and without bias, persistent or not, one or two consumer warpgroups (float64
 reference, NaN-poisoned outputs, the odd probe on every evaluation); rows that break TMA's 16-byte
 pitch through the pack prepass, refused without it; the measured cubin's SASS runs HGMMA; an export
-runs from its manifest alone (tensor maps encoded from it); bench and search through the CLI."""
+runs from its manifest alone (tensor maps encoded from it); bench and search through the CLI. Split-K
+(small batches) on M of 1, 32 and 130, N off the tile and odd, K ending in a partial k-tile and K of
+fewer k-tiles than splits (the validation poisons the workspace too: an unwritten partial sum is NaN)."""
 
 from __future__ import annotations
 
@@ -80,6 +82,33 @@ def test_misaligned_k_runs_through_the_pack_prepass(evaluator, dtype, bias, para
     assert result["status"] == "invalid" and "prepass='pack'" in result["evidence"]
 
 
+#: (m, n, k) for split-K: tiny and small batches, N not a multiple of bn (odd N: scalar partial stores),
+#: K of 1 and 2 k-tiles (most splits have none) and K ending in a partial k-tile.
+SPLIT_SHAPES = [(1, 45, 8), (1, 1000, 200), (32, 257, 4096), (32, 4096, 1000), (130, 250, 72), (130, 300, 4160)]
+SPLITS = [
+    dict(bm=64, bn=128, consumers=1, stages=6, group_m=4, split_k=4),  # the space's small-M seeds
+    dict(bm=64, bn=256, consumers=1, stages=4, group_m=4, split_k=8),
+    dict(bm=128, bn=96, consumers=2, stages=6, group_m=1, split_k=16),
+    dict(bm=128, bn=256, consumers=2, stages=4, split_k=2),
+]
+SPLIT_CASES = [(DType.bf16, bias, v) for v in SPLITS for bias in (False, True)] + [
+    (DType.fp16, bias, SPLITS[1]) for bias in (False, True)
+]
+
+
+@pytest.mark.parametrize("dtype,bias,params", SPLIT_CASES,
+                         ids=[Spec(dtype=d, bias=b, **v).name for d, b, v in SPLIT_CASES])
+def test_split_k_is_correct_on_small_batches(evaluator, dtype, bias, params):
+    assert_correct_on(evaluator, Spec(dtype=dtype, bias=bias, **params), SPLIT_SHAPES)
+
+
+def test_split_k_with_the_pack_prepass(evaluator):
+    """The packed rows follow the partial sums in the workspace."""
+    for dtype, params in ((DType.bf16, SPLITS[0]), (DType.fp16, SPLITS[3])):
+        assert_correct_on(evaluator, Spec(dtype=dtype, bias=True, prepass="pack", **params),
+                          MISALIGNED + [(32, 257, 91), (130, 250, 1001)])
+
+
 def test_the_measured_cubin_runs_hgmma(evaluator):
     spec = Spec(bias=True, persistent=True)
     result, built = evaluator.evaluate(spec, Problem(512, 512, 512, DType.bf16, bias=True))
@@ -93,14 +122,15 @@ def test_the_measured_cubin_runs_hgmma(evaluator):
 
 
 @pytest.mark.parametrize("dtype,params", [(DType.bf16, dict(persistent=True, prepass="pack")),
-                                          (DType.fp16, dict(bm=128, bn=128, consumers=1))])
+                                          (DType.fp16, dict(bm=128, bn=128, consumers=1)),
+                                          (DType.bf16, dict(SPLITS[0], prepass="pack"))])
 def test_exported_kernel_runs_from_its_manifest_alone(dtype, params):
     k = 91 if params.get("prepass") == "pack" else 88
     problem = Problem(67, 45, k, dtype, bias=True)
     spec = Spec(dtype=dtype, bias=True, **params)
     cu, js = export_files(spec, problem, None, "sm_90")
     manifest = json.loads(js)
-    assert any("tensor_map" in a for a in manifest["kernels"][-1]["args"])
+    assert any("tensor_map" in a for kernel in manifest["kernels"] for a in kernel["args"])
     rng = np.random.default_rng()
     x, w, b = (to_storage(rng.uniform(-1, 1, shape).astype(np.float32), dtype) for shape in ((67, k), (45, k), 45))
     y = to_float64(_launch_from_manifest(cu, manifest, x, w, b), dtype)
