@@ -41,6 +41,7 @@ POINTS = [
     ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2, split_k=1)),
     # Split-K for small batches (few output tiles; built without a GPU: unverified).
     ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4)),
+    ("128x256 c2 s4 k8", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=8)),
     ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8)),
 ]
 #: (m, n, k, bias, timed): validated in this order; the timed ones are then measured against cuBLAS.
