@@ -301,7 +301,8 @@ def test_spaces_map_points_to_specs_of_the_layout():
     assert all(s.prepass == "none" and s.layout is GI for s in tc_seeds) and any(not s.check(gi) for s in tc_seeds)
     hopper = space_for("hopper", DType.bf16, layout=GI)
     assert "cluster" not in hopper.dims and set(hopper.dims["bn"]) == {64, 128, 192, 256}
-    hp = [hopper.spec(p, gi) for p in seeds("hopper") if "cluster" not in p or p["cluster"] == 1]
+    assert "split_k" not in hopper.dims
+    hp = [hopper.spec(p, gi) for p in seeds("hopper") if p.get("cluster", 1) == 1 and p.get("split_k", 1) == 1]
     assert hp and all(s.layout is GI and not s.check(gi) for s in hp)
     assert all(hopper.spec(point_of(s), gi) == s for s in hp)
 

@@ -34,7 +34,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         dims["bn"] = (64, 128, 192, 256)
         del dims["cluster"], dims["split_k"]
     if block:
-        del dims["bn"], dims["cluster"], dims["split_k"]
+        for name in ("bn", "cluster", "split_k"):  # a backward layout has dropped cluster and split_k already
+            dims.pop(name, None)
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
     return Space(NAME, dims)
