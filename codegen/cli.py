@@ -666,6 +666,11 @@ def cmd_search(args: argparse.Namespace) -> int:
                               layout=problem.layout)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        from codegen.tune import generated
+
+        why = generated(problem, space)
+        if why is not None:
+            raise UsageError(f"the {space.family} family generates no kernel for {problem.key}: {why}")
         check_cache()
         if not args.no_store:
             check_store(args.db)

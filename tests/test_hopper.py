@@ -15,7 +15,7 @@ from codegen.export import export_files
 from codegen.families import compile_target, family_of, spec_from_name
 from codegen.families.hopper import CONSUMER_REGS, PRODUCER_REGS, Spec, plan
 from codegen.launch import LaunchPlan, TensorMapArg
-from codegen.problem import DType, Layout, Problem
+from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
 from search.space import point_of, seeds, space_for, to_spec
@@ -98,7 +98,6 @@ def test_names_of_other_families_and_bad_values_are_refused():
         (dict(split_k=4, persistent=True), "plain grid: persistent must be false"),
         (dict(split_k=4, cluster=2), "split_k > 1 is generated without clusters"),
         (dict(split_k=4, block=64, bn=64, bm=128), "split_k > 1 is generated for a dense W only"),
-        (dict(split_k=4, bn=128, layout=Layout.grad_weight), "split_k > 1 is generated for the forward layout only"),
     ],
 )
 def test_check_names_each_broken_rule(fields, reason):

@@ -77,6 +77,8 @@ HOPPER_BACKWARD = [
     HopperSpec(layout=GW, bias=True),
     HopperSpec(layout=GW, dtype="fp16", bm=128, bn=128, consumers=1, stages=5, persistent=True),
     HopperSpec(layout=GI, bm=64, bn=64, consumers=1, ctas=2),
+    HopperSpec(layout=GI, bm=64, bn=128, consumers=1, stages=6, split_k=4),
+    HopperSpec(layout=GW, bias=True, bm=128, bn=128, split_k=2),
 ]
 
 
@@ -301,8 +303,8 @@ def test_spaces_map_points_to_specs_of_the_layout():
     assert all(s.prepass == "none" and s.layout is GI for s in tc_seeds) and any(not s.check(gi) for s in tc_seeds)
     hopper = space_for("hopper", DType.bf16, layout=GI)
     assert "cluster" not in hopper.dims and set(hopper.dims["bn"]) == {64, 128, 192, 256}
-    assert "split_k" not in hopper.dims
-    hp = [hopper.spec(p, gi) for p in seeds("hopper") if p.get("cluster", 1) == 1 and p.get("split_k", 1) == 1]
+    assert hopper.dims["split_k"] == (1, 2, 4, 8, 16)  # dX of a small batch: few tiles, a long K
+    hp = [hopper.spec(p, gi) for p in seeds("hopper") if p.get("cluster", 1) == 1]
     assert hp and all(s.layout is GI and not s.check(gi) for s in hp)
     assert all(hopper.spec(point_of(s), gi) == s for s in hp)
 
@@ -358,7 +360,8 @@ def compiled():
 
 def _assert_plan_functions_without_spills(spec, arch, report):
     """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias), and none spills."""
-    expected = {spec.name} | ({spec.name + "_reduce"} if getattr(spec, "reduce", "none") == "two_pass" else set()) | (
+    two_pass = getattr(spec, "reduce", "two_pass" if getattr(spec, "split_k", 1) > 1 else "none") == "two_pass"
+    expected = {spec.name} | ({spec.name + "_reduce"} if two_pass else set()) | (
         {spec.name + "_db"} if spec.bias else set())
     assert set(report) == expected, (arch, report)
     for fn, r in report.items():

@@ -329,8 +329,6 @@ class Spec(SpecData):
                            "cluster must be 1")
             if self.persistent:
                 why.append("split_k > 1 launches one block per (tile, split) on a plain grid: persistent must be false")
-            if self.layout is not Layout.forward:
-                why.append("split_k > 1 is generated for the forward layout only: split_k must be 1")
         if why:
             return why
         budget = self.consumer_regs
@@ -402,8 +400,6 @@ def template_values(spec: Spec) -> dict:
         b_lbo=box_bytes if spec.w_t else 16,
         a_t=int(spec.a_t),
         w_t=int(spec.w_t),
-        trans_a=int(spec.a_t),
-        trans_b=int(spec.w_t),
         mn_box=MN_BOX,
         a_boxes=spec.bm // MN_BOX,
         b_boxes=spec.bn // MN_BOX,
@@ -483,7 +479,7 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     tiles = -(-problem.m // (cl * spec.bm)) * cl * -(-problem.n // spec.bn)
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
-    args = SPARSE_ARGS if spec.block else SPLIT_ARGS if spec.split_k > 1 else layout_args(ARGS, spec.layout)
+    args = SPARSE_ARGS if spec.block else layout_args(SPLIT_ARGS if spec.split_k > 1 else ARGS, spec.layout)
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, spec.split_k, 1), block=(spec.threads, 1, 1),
                                  smem=spec.smem_bytes, args=args, persistent=spec.persistent, cluster=(cl, 1, 1)))
     if spec.split_k > 1:
@@ -531,7 +527,7 @@ def grid_rule(spec: Spec) -> str:
                      f"TW over {right} [K][N] with dims (N, K), row pitch N*{e} bytes, box ({MN_BOX}, {spec.bk}); row "
                      f"pitches multiples of 16 bytes, operands 16-byte aligned")
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
-        parts.append(f"arguments Y is {slots[0]} ({COMMENT[spec.layout]}), B is null")
+        parts.append(f"argument Y is {slots[0]} ({COMMENT[spec.layout]}), B is null")
     else:
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "

@@ -19,7 +19,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
     share a multiprocessor (``ctas``), for rows that hold only a few kept blocks. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs and no split."""
+    have no cluster pairs."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
@@ -32,9 +32,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     }
     if Layout(layout) is not Layout.forward:
         dims["bn"] = (64, 128, 192, 256)
-        del dims["cluster"], dims["split_k"]
+        del dims["cluster"]
     if block:
-        for name in ("bn", "cluster", "split_k"):  # a backward layout has dropped cluster and split_k already
+        for name in ("bn", "cluster", "split_k"):  # a backward layout has dropped cluster already
             dims.pop(name, None)
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)

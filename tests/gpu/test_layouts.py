@@ -106,6 +106,8 @@ HOPPER = [
     dict(bm=64, bn=64, consumers=1, ctas=2),
     dict(bm=256, bn=128, consumers=2, stages=3, group_m=4),  # two m64 boxes per consumer
     dict(bm=128, bn=192, consumers=2, stages=4),
+    dict(bm=64, bn=128, consumers=1, stages=6, split_k=4),  # split-K: partial sums, then the reduce pass
+    dict(bm=128, bn=256, split_k=16),  # more splits than some layers' k-tiles: those write zeros
 ]
 HOPPER_CASES = [HopperSpec(dtype=dt, bias=bias, layout=layout, **v)
                 for layout in (GI, GW) for bias in ((False,) if layout is GI else (False, True))
