@@ -37,9 +37,13 @@ POINTS = [
     ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, persistent=False, group_m=8, ctas=2)),
     ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, persistent=False, group_m=8, ctas=2)),
     ("64 c1 s8", dict(bm=64, stages=8, consumers=1, persistent=False, group_m=8, ctas=1)),
+    ("128 c2 s4 ps o2", dict(bm=128, stages=4, consumers=2, persistent=True, group_m=8, ctas=2)),
+    ("128 c1 s4 ps o2", dict(bm=128, stages=4, consumers=1, persistent=True, group_m=8, ctas=2)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]
+#: Points tried for block 64 only (persistent grids of two blocks per multiprocessor, added later).
+POINTS_64_ONLY = [6, 7]
 #: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency).
 POINTS_SMALL_M = [0, 3, 5]
 DENSITIES = (0.05, 0.1, 0.25, 0.5)
@@ -63,7 +67,7 @@ def jobs(blocks=BLOCKS) -> list[dict]:
     for m, n, k, block, density in problems(blocks):
         for i, (label, point) in enumerate(POINTS):
             if (block == 16 and i not in POINTS_16) or (m < 128 and i not in POINTS_SMALL_M) or (
-                    m >= 128 and i == 5):
+                    m >= 128 and i == 5) or (block != 64 and i in POINTS_64_ONLY):
                 continue
             out.append({"id": len(out), "label": label, "point": point, "m": m, "n": n, "k": k, "block": block,
                         "density": density})

@@ -143,7 +143,7 @@ class Engine:
                 func = module.function(step.symbol, step.smem)
             except CudaError as e:
                 raise launch_failure(e, "function", step.symbol, step.smem) from e
-            grid = step.grid_on(self.ctx.info.sms)  # persistent: one block per multiprocessor at most
+            grid = step.grid_on(self.ctx.info.sms)  # persistent: its blocks per multiprocessor at most
             try:
                 cuda.launch(func, grid, step.block, step.smem, self.stream, args, step.cluster)
             except CudaError as e:

@@ -57,8 +57,9 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
             "block": list(step.block),
             "dynamic_smem_bytes": step.smem,
             "grid_for_problem": list(step.grid),
-            **({"persistent": True, "grid_note": "grid_for_problem[0] counts output tiles: launch "
-                "min(grid_for_problem[0], multiprocessor count) blocks" + (
+            **({"persistent": True if int(step.persistent) == 1 else int(step.persistent),
+                "grid_note": "grid_for_problem[0] counts output tiles: launch min(grid_for_problem[0], "
+                + ("" if int(step.persistent) == 1 else f"{int(step.persistent)} x ") + "multiprocessor count) blocks" + (
                     f" rounded down to a multiple of {step.cluster[0]}" if step.cluster[0] > 1 else "")
                 + ", which loop over them"} if step.persistent else {}),
             **({"cluster": list(step.cluster), "cluster_note": "a thread-block cluster launch: cuLaunchKernelEx with "

@@ -140,8 +140,8 @@ class TensorMapArg:
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel launch. ``persistent``: ``grid[0]`` counts work tiles, and the launcher starts
-    min(grid[0], multiprocessor count) blocks (rounded down to whole clusters), which loop over the
-    tiles. ``cluster``: the thread-block cluster shape; other than (1, 1, 1) the launcher uses
+    min(grid[0], p x multiprocessor count) blocks (rounded down to whole clusters), which loop over
+    the tiles; p is 1 for True, else the blocks per multiprocessor it gives (2: two share one). ``cluster``: the thread-block cluster shape; other than (1, 1, 1) the launcher uses
     cuLaunchKernelEx with a cluster dimension (the grid, in blocks, is a multiple of it)."""
 
     symbol: str
@@ -149,7 +149,7 @@ class KernelLaunch:
     block: tuple[int, int, int]
     smem: int
     args: tuple[str, ...]
-    persistent: bool = False
+    persistent: bool | int = False
     cluster: tuple[int, int, int] = (1, 1, 1)
 
     def __post_init__(self) -> None:
@@ -160,13 +160,13 @@ class KernelLaunch:
         return launched_grid(self.grid, self.persistent, self.cluster, sms)
 
 
-def launched_grid(grid, persistent: bool, cluster, sms: int) -> tuple[int, int, int]:
-    """The grid a launcher starts: ``grid`` itself, or for a persistent kernel at most one block per
-    multiprocessor, in whole clusters along x (at least one cluster)."""
+def launched_grid(grid, persistent: bool | int, cluster, sms: int) -> tuple[int, int, int]:
+    """The grid a launcher starts: ``grid`` itself, or for a persistent kernel at most ``persistent``
+    blocks per multiprocessor (True: one), in whole clusters along x (at least one cluster)."""
     if not persistent:
         return tuple(grid)
     cl = cluster[0]
-    return (max(cl, min(grid[0], sms) // cl * cl), *grid[1:])
+    return (max(cl, min(grid[0], sms * int(persistent)) // cl * cl), *grid[1:])
 
 
 @dataclass(frozen=True)

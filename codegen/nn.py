@@ -58,7 +58,7 @@ class _Step:
         roles = OPERANDS[problem.layout]
         self.func, self.block, self.smem = func, tuple(step["block"]), step["dynamic_smem_bytes"]
         self.cluster = tuple(step.get("cluster", (1, 1, 1)))  # a thread-block cluster launch when not (1, 1, 1)
-        self.grid = launched_grid(step["grid_for_problem"], bool(step.get("persistent")), self.cluster, sms)
+        self.grid = launched_grid(step["grid_for_problem"], int(step.get("persistent") or 0), self.cluster, sms)
         self.args: list = []
         self.pointers: list[tuple[int, str | None]] = []  # (slot, the tensor's role, "WS" or None: no such tensor)
         self.maps: list[tuple[int, str, dict]] = []  # (slot, argument name, encoding)

@@ -82,7 +82,6 @@ def test_non_canonical_names_are_refused():
         (dict(block=64, bn=64, stages=17), "stages must be 2 to 16"),
         (dict(stages=9, bn=64), "stages must be 2 to 8"),
         (dict(block=64, bn=64, ctas=3), "ctas must be one of (1, 2)"),
-        (dict(block=64, bn=64, ctas=2, persistent=True), "persistent must be false"),
         (dict(block=64, bn=64, ctas=2, stages=5), "2 blocks (+1 KiB each) exceed"),
         (dict(block=64, bn=64, bm=256, ctas=2, consumers=2, stages=2), "registers a consumer gets"),
     ],
@@ -423,3 +422,23 @@ def test_the_models_match_the_template():
                  "bar_wait(empty + 8 * stage, phase ^ 1);", "bar_wait(full + 8 * stage, phase);"):
         assert line in src, line
     assert re.search(r"if \(k_end == k_begin\) \{[^}]+continue;\s+\}\s+wgmma_wait<0>\(\);", src)
+
+
+def test_a_persistent_grid_of_two_blocks_per_multiprocessor():
+    """ctas=2 with persistent: the launcher starts up to two blocks per multiprocessor, each taking its
+    balanced range; the manifest and the grid rule say so, and one-block grids read as before."""
+    from codegen.launch import launched_grid
+
+    spec = Spec(block=64, bn=64, bm=128, consumers=1, stages=4, ctas=2, persistent=True)
+    problem = BIG[64]
+    assert not spec.check(problem) and spec.name.endswith("_ps_bsr64_o2")
+    (main,) = plan(spec, problem).launches
+    assert main.persistent == 2 and main.grid_on(132) == (264, 1, 1)
+    assert plan(Spec(block=64, bn=64, persistent=True), problem).launches[0].grid_on(132) == (132, 1, 1)
+    assert launched_grid((100, 1, 1), 2, (1, 1, 1), 132) == (100, 1, 1)  # never more blocks than tiles
+    manifest = json.loads(export_files(spec, problem, None, "sm_90")[1])
+    assert manifest["kernels"][0]["persistent"] == 2 and "2 x multiprocessor count" in manifest["kernels"][0]["grid_note"]
+    assert "min(ceil(M/128) * ceil(N/64), 2 x multiprocessor count)" in manifest["grid_rule"]
+    one = json.loads(export_files(Spec(block=64, bn=64, persistent=True), problem, None, "sm_90")[1])
+    assert one["kernels"][0]["persistent"] is True and "min(grid_for_problem[0], multiprocessor" in \
+        one["kernels"][0]["grid_note"]

@@ -445,7 +445,8 @@ def test_tensor_maps_are_encoded_over_their_operands_and_a_persistent_grid_is_ca
                 for a, v in zip(step["args"], launch["args"], strict=True) if a["name"] == "WS"}
     assert addresses.get("WS") == pointers.get("WS") is not None  # the maps view the workspace the pack wrote
     for step, launch in zip(manifest["kernels"], launches, strict=True):
-        want = min(step["grid_for_problem"][0], 132) if step.get("persistent") else step["grid_for_problem"][0]
+        per_sm = int(step.get("persistent") or 0)
+        want = min(step["grid_for_problem"][0], 132 * per_sm) if per_sm else step["grid_for_problem"][0]
         assert launch["grid"][0] == want
     assert any(step.get("persistent") for step in manifest["kernels"])
 

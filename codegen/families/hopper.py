@@ -25,7 +25,7 @@ contiguous range of (block row, m-tile) tiles of equal work (kept blocks + 1 per
 the row pointers alone, so rows of many kept blocks do not pile up on a few multiprocessors
 (``group_m`` orders the plain grid only). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
 one's fill and epilogue overlapping the other's wgmma (for tiles with few k-tiles, as sparse rows
-have); it takes a plain (non-persistent) grid.
+have); with ``persistent`` the grid is then two blocks per multiprocessor.
 ``cluster=2`` (dense W only) launches pairs of blocks as a thread-block cluster along M: the two
 blocks of a pair take m-tiles 2i and 2i+1 of the same block column, so they read the same W tile;
 each block's producer loads half of W's box (``bn / 2`` rows) with a multicast TMA that writes it into
@@ -309,8 +309,6 @@ class Spec(SpecData):
             if self.w_t and self.bn % MN_BOX:
                 why.append(f"bn {self.bn} must be a multiple of {MN_BOX} in the {self.layout.value} layout: the right "
                            f"operand is loaded k-outer in boxes of {MN_BOX} columns")
-        if self.ctas == 2 and self.persistent:
-            why.append("ctas=2 shares a multiprocessor between two blocks of a plain grid: persistent must be false")
         if self.cluster > 1:
             if self.block:
                 why.append("cluster > 1 is generated for a dense W only (a block-sparse W's pairs would walk different "
@@ -481,7 +479,8 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
     args = SPARSE_ARGS if spec.block else layout_args(SPLIT_ARGS if spec.split_k > 1 else ARGS, spec.layout)
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, spec.split_k, 1), block=(spec.threads, 1, 1),
-                                 smem=spec.smem_bytes, args=args, persistent=spec.persistent, cluster=(cl, 1, 1)))
+                                 smem=spec.smem_bytes, args=args, persistent=spec.persistent and (spec.ctas if spec.ctas > 1 else True),
+                                 cluster=(cl, 1, 1)))
     if spec.split_k > 1:
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
     if spec.bias and spec.layout is Layout.grad_weight:
@@ -509,7 +508,8 @@ def grid_rule(spec: Spec) -> str:
                   else tiles)
     else:
         tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
-        blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+        per_sm = f"{spec.ctas} x " if spec.ctas > 1 else ""
+        blocks = f"min({tiles}, {per_sm}multiprocessor count)" if spec.persistent else tiles
     head = (f"{spec.name}: grid = ({blocks}, {spec.split_k}, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
             f"{spec.smem_bytes} B")
     if spec.block:
