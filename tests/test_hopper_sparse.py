@@ -216,6 +216,8 @@ def _sample() -> list[Spec]:
         for dtype in (DType.bf16, DType.fp16):
             problem = _problem(4096, 4096, 4096, block, dtype=dtype, bias=dtype is DType.fp16)
             specs += [to_spec("hopper", p, problem) for p in seeds("hopper", block=block)]
+    specs += [Spec(block=64, bn=64, bm=128, ctas=2, persistent=True, grouped=True),
+              Spec(block=16, bn=16, bm=64, consumers=1, stages=8, persistent=True, grouped=True, dtype=DType.fp16)]
     return [s for s in {s.name: s for s in specs}.values() if not s.check()]
 
 
@@ -442,3 +444,14 @@ def test_a_persistent_grid_of_two_blocks_per_multiprocessor():
     one = json.loads(export_files(Spec(block=64, bn=64, persistent=True), problem, None, "sm_90")[1])
     assert one["kernels"][0]["persistent"] is True and "min(grid_for_problem[0], multiprocessor" in \
         one["kernels"][0]["grid_note"]
+
+
+def test_a_grouped_persistent_grid_strides_over_tiles_in_group_order():
+    spec = Spec(block=64, bn=64, bm=128, ctas=2, persistent=True, grouped=True)
+    assert spec.name == "hp_bf16_nobias_128x64x64_c2_s4_g8_psg_bsr64_o2" and Spec.from_name(spec.name) == spec
+    source = render(spec)
+    assert "struct Balanced" not in source and "block_origin(tile, M, N, BM, BN, GROUP_M, m0, n0);" in source
+    assert "struct Balanced" in render(Spec(block=64, bn=64, bm=128, ctas=2, persistent=True))
+    assert plan(spec, BIG[64]).launches[0].grid_on(132) == (264, 1, 1)
+    for bad in (Spec(grouped=True), Spec(block=64, bn=64, grouped=True)):
+        assert any("needs block > 0 and persistent" in r for r in bad.check())

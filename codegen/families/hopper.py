@@ -23,7 +23,8 @@ X's tensor map, the block itself through a second tensor map over the contiguous
 (+ bias). A persistent grid over a block-sparse W does not stride over the tiles: each block takes a
 contiguous range of (block row, m-tile) tiles of equal work (kept blocks + 1 per tile), found from
 the row pointers alone, so rows of many kept blocks do not pile up on a few multiprocessors
-(``group_m`` orders the plain grid only). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
+(``group_m`` orders the plain grid only); ``grouped`` makes it stride over the tiles in ``group_m``
+order instead, as a dense persistent grid does (the tiles in flight then share X's m-tiles). ``ctas=2`` sizes the ring and the registers so that two blocks share a multiprocessor,
 one's fill and epilogue overlapping the other's wgmma (for tiles with few k-tiles, as sparse rows
 have); with ``persistent`` the grid is then two blocks per multiprocessor.
 ``cluster=2`` (dense W only) launches pairs of blocks as a thread-block cluster along M: the two
@@ -147,6 +148,8 @@ class Spec(SpecData):
     consumers: int = field(default=2, metadata={"help": "consumer warpgroups (1 or 2), each owns bm/consumers rows"})
     group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
     persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
+    grouped: bool = field(default=False, metadata={"help": "a persistent grid over a block-sparse W strides over "
+                                                           "tiles in group_m order (default: balanced ranges)"})
     prepass: str = field(default="none", metadata={"choices": PREPASSES,
                                                    "help": "pack rows to 16 bytes first (needed when K is not a multiple of 8)"})
     ctas: int = field(default=1, metadata={"help": "blocks sharing a multiprocessor (1 or 2; 2 halves ring and registers)"})
@@ -161,14 +164,14 @@ class Spec(SpecData):
     @property
     def name(self) -> str:
         return (f"hp_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
-                f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}"
+                f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}{'g' if self.grouped else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
                 f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}"
                 f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{LAYOUT_SUFFIX[self.layout]}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
-        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
+        r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<grouped>g?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
         r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
@@ -183,6 +186,7 @@ class Spec(SpecData):
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
             persistent=bool(g.pop("persistent")),
+            grouped=bool(g.pop("grouped")),
             prepass="pack" if g.pop("prepass") else "none",
             block=int(g.pop("block") or 0),
             ctas=int(g.pop("ctas") or 1),
@@ -298,6 +302,8 @@ class Spec(SpecData):
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.prepass != "none":
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
+        if self.grouped and not (self.block and self.persistent):
+            why.append("grouped orders a persistent grid over a block-sparse W: it needs block > 0 and persistent")
         if self.layout is not Layout.forward:
             why += layout_rules(self.layout, self.bias, self.block)
             if self.block and self.layout is Layout.grad_input:
@@ -385,7 +391,7 @@ def template_values(spec: Spec) -> dict:
         name=spec.name,
         dtype=spec.dtype.value,
         bk=spec.bk,
-        balanced=bool(spec.block and spec.persistent),
+        balanced=bool(spec.block and spec.persistent and not spec.grouped),
         threads=spec.threads,
         wg_m=spec.wg_m,
         frag_m=spec.frag_m,

@@ -57,6 +57,8 @@ VARIANTS = [
     Spec(block=16, bn=16, bm=128, stages=4, ctas=2, bias=True),
     Spec(block=64, bn=64, bm=128, stages=4, ctas=2, persistent=True, bias=True),  # two balanced ranges per SM
     Spec(block=32, bn=32, bm=128, consumers=1, stages=6, ctas=2, persistent=True, dtype=DType.fp16),
+    Spec(block=64, bn=64, bm=128, stages=4, ctas=2, persistent=True, grouped=True, bias=True),  # grouped order
+    Spec(block=16, bn=16, bm=64, consumers=1, stages=8, persistent=True, grouped=True, group_m=4),
 ]
 
 
