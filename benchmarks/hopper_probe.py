@@ -36,10 +36,10 @@ POINTS = [
     ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
     ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
     ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1, split_k=1)),
-    # Thread-block cluster pairs along M sharing W's tile by TMA multicast (built without a GPU: unverified).
+    # Thread-block cluster pairs along M sharing W's tile by TMA multicast.
     ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2, split_k=1)),
     ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2, split_k=1)),
-    # Split-K for small batches (few output tiles; built without a GPU: unverified).
+    # Split-K for small batches (few output tiles).
     ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4)),
     ("128x256 c2 s4 k8", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=8)),
     ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8)),

@@ -55,9 +55,11 @@ def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1, split_k=
 #: a persistent variant of each, and smaller tiles for layers with few output tiles. Two are measured
 #: (H200, 2026-12-02, benchmarks/results/hopper-NVIDIA_H200-2026-12-02T000933Z.json): 128x256 c2 s4
 #: persistent, 711 TFLOP/s bf16 at 4096^3 (0.90x cuBLAS), and 128x128 c2 s5 persistent, 657 at
-#: 4096x11008x4096 (1.01x); the others are untested, the cluster pair (W's tile multicast to two
-#: blocks) too: it was built without a GPU. No search has run on this family yet. The split-K points are for
-#: small M (batch 32-128 at N 4096: 16-32 output tiles of 132 multiprocessors), untested on a GPU.
+#: 4096x11008x4096 (1.01x); the cluster pair (W's tile multicast to two blocks) is right but no faster
+#: (0.86x at 4096^3, ...T025812Z.json). The split-K points are for small M (batch 32-128 at N 4096: 16-32
+#: output tiles of 132 multiprocessors): 64x128 c1 s6 split 4 ran 128x4096x4096 at 0.72x and 32x4096x4096
+#: at 0.92x cuBLAS (...T033856Z.json). Backward layers start from these too (tune-linear, 20 trials per
+#: GEMM at 4096^3: 0.85-0.90x).
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
