@@ -1,6 +1,6 @@
 """Benchmark suites: our best kernel and its baseline, timed side by side in one run.
 
-    python3 -m benchmarks.run --suite simt [--out DIR] [--search BUDGET [--sampler tpe]]
+    python3 -m benchmarks.run --suite simt [--out DIR] [--search BUDGET [--sampler NAME]]
                               [--problems KEY [KEY ...]]
 
 Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmarks/results/ or DIR,
@@ -31,6 +31,7 @@ from codegen.families import spec_from_dict
 from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 from codegen.versions import versions
+from search import DEFAULT_SAMPLER, SAMPLERS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The family of a candidate that does not name one.
@@ -350,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--reps-min", type=int, default=DEFAULT_TIMING["reps_min"])
     parser.add_argument("--search", type=int, metavar="BUDGET", help="search each problem with this budget")
-    parser.add_argument("--sampler", default="tpe")
+    parser.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                        help=f"sampler for --search (default {DEFAULT_SAMPLER}, as codegen search)")
     parser.add_argument("--problems", nargs="+", metavar="KEY", help="only these problems of the suite")
     parser.add_argument("--match", nargs="+", metavar="TEXT",
                         help="only the suite's problems whose key contains every TEXT (e.g. bf16 bsr64)")

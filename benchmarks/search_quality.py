@@ -99,6 +99,7 @@ CONFIGS: list[Config] = [
     Config("grid", "grid", note="every point once, in a seeded random order"),
     Config("qmc", "random", build=_qmc, needs=("scipy",), note="scrambled Sobol (built here, not a runner sampler)"),
     Config("cmaes", "cmaes"),
+    Config("local", "local", note="model-ranked neighbours of the best kernel, CMA-ES before and between"),
     Config("gp", "gp", needs=("torch", "scipy")),
 ]
 CONFIG_BY_NAME = {c.name: c for c in CONFIGS}
@@ -361,7 +362,7 @@ def run_all(recordings: list[Path], configs: list[Config], seeds: int, budget: i
             tasks += [(str(rec), config.name, s, False, budget, max_idle) for s in range(n)]
             if seeded and not config.tpe:
                 tasks += [(str(rec), config.name, s, True, budget, max_idle) for s in range(seeds)]
-    cost = {"cmaes": 10, "gp": 10}  # the slow ones first, so the pool ends evenly
+    cost = {"cmaes": 10, "local": 10, "gp": 10}  # the slow ones first, so the pool ends evenly
     tasks.sort(key=lambda t: -cost.get(t[1], 1 if t[1].startswith("tpe") else 0))
     started = time.monotonic()
     runs = []

@@ -79,6 +79,10 @@ def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.B
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if name == "local":
+        from search.local import LocalSampler
+
+        return LocalSampler(optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False), seed=seed)
     if name == "gp":
         try:
             import scipy  # noqa: F401
@@ -598,7 +602,7 @@ class _Search:
             return
         if origin == "sampler":
             self.stale += 1
-            if self.sampler == "cmaes" and self.stale >= CONVERGED:
+            if self.sampler in ("cmaes", "local") and self.stale >= CONVERGED:
                 self._restart_cmaes()
             elif self.sampler == "gp" and self.stale >= CONVERGED and not s.handover:
                 self.study.sampler = make_sampler("tpe", self.seed, self.space)
@@ -621,7 +625,7 @@ class _Search:
     def _restart_cmaes(self) -> None:
         """A converged CMA-ES starts again from the best point so far with a fresh optimizer
         (its state is kept under another prefix of the trials' attributes), so its cost per
-        proposal stays flat as the study grows."""
+        proposal stays flat as the study grows. For ``local`` it is the fallback that restarts."""
         s = self.summary
         self.restarts += 1
         self.stale = 0
@@ -637,14 +641,22 @@ class _Search:
             except TypeError:  # an Optuna without x0: restart from the middle of the space
                 sampler = optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
         if not isinstance(getattr(sampler, "_attr_prefix", None), str):  # an Optuna that keeps its state elsewhere
+            if self.sampler == "local":
+                self.study.sampler.fallback = make_sampler("tpe", self.seed, self.space)
+                s.handover = f"the local sampler's CMA-ES converged after {s.sampler_proposals} proposals: TPE took over"
+                return
             self.study.sampler = make_sampler("tpe", self.seed, self.space)
             s.handover = (f"cmaes converged after {s.sampler_proposals} proposals ({CONVERGED} in a row brought "
                           f"nothing new): TPE took over the study")
             self.sampler = "tpe"
             return
         sampler._attr_prefix = f"cma{self.restarts}:"  # not the converged optimizer's state
-        self.study.sampler = sampler
-        s.handover = (f"cmaes converged {self.restarts} time{'s' if self.restarts > 1 else ''} "
+        if self.sampler == "local":
+            self.study.sampler.fallback = sampler
+        else:
+            self.study.sampler = sampler
+        who = "the local sampler's cmaes" if self.sampler == "local" else "cmaes"
+        s.handover = (f"{who} converged {self.restarts} time{'s' if self.restarts > 1 else ''} "
                       f"({CONVERGED} proposals in a row that brought nothing new) and restarted from the best "
                       f"point; last restart after {s.sampler_proposals} proposals")
 

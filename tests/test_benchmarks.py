@@ -13,6 +13,7 @@ import pytest
 import search.measure
 from benchmarks import run
 from codegen.problem import Problem
+from search import DEFAULT_SAMPLER
 from search.measure import ReplayMeasurer
 from tests.search.test_replay import RECORDING
 
@@ -26,6 +27,7 @@ def test_search_mode_writes_a_record_per_problem(tmp_path, monkeypatch):
     doc = json.loads(next(tmp_path.glob("replayed-*.json")).read_text())
     (record,) = doc["records"]
     assert record["ours"]["search"]["evaluated"] == 12
+    assert record["ours"]["search"]["sampler"] == DEFAULT_SAMPLER  # the CLI's default, not a copy of its own
     assert record["ours"]["tflops"] >= ReplayMeasurer(RECORDING).results[
         "simt_fp32_nobias_128x128x16_w32x64_t8x8_p4_v4_s2_g8_k1"]["tflops"]  # the seed was tried
     assert record["ratio"]["cublas"] > 0 and doc["device"].startswith("NVIDIA H200 (recorded 2026-11-30, ")

@@ -15,7 +15,7 @@ import pytest
 
 from codegen.problem import DType, Problem
 from codegen.spec import DeviceLimits
-from search import warm
+from search import DEFAULT_SAMPLER, warm
 from search.measure import ReplayMeasurer
 from search.space import point_of, seeds, space_for
 from store import Store
@@ -364,7 +364,7 @@ def test_cli_resumed_study_lists_no_seeds(history, capsys):
     assert run(argv, capsys)[0] == 0
     code, out, err = run([*argv[:-1], "--budget", "5"], capsys)
     assert code == 0, err
-    assert "resuming study gemmscape:4096x4096x4096_fp32_forward:replay:cmaes:seed0:" in out
+    assert f"resuming study gemmscape:4096x4096x4096_fp32_forward:replay:{DEFAULT_SAMPLER}:seed0:" in out
     assert "  seed " not in out
 
 
