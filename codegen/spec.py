@@ -118,6 +118,16 @@ class SpecData:
             if f.type == "bool" and f.name != "bias" and not isinstance(value, bool):
                 raise TypeError(f"{f.name} must be true or false, got {value!r}")
 
+    @property
+    def a_t(self) -> bool:
+        """Whether the left operand is stored k-outer (MN-major; ``k_outer``), in a family with ``layout``."""
+        return k_outer(self.layout, self.block)[0]
+
+    @property
+    def w_t(self) -> bool:
+        """Whether the right operand is stored k-outer (MN-major; ``k_outer``), in a family with ``layout``."""
+        return k_outer(self.layout, self.block)[1]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["dtype"] = self.dtype.value

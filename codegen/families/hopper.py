@@ -83,7 +83,7 @@ from codegen.launch import (
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, k_outer, layout_rules, sparse_rules
+from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, layout_rules, sparse_rules
 
 NAME = "hopper"
 DTYPES = (DType.bf16, DType.fp16)
@@ -213,16 +213,6 @@ class Spec(SpecData):
     def row_bytes(self) -> int:
         """Bytes of one k-tile row in shared memory: the swizzle span (128, 64 or 32)."""
         return self.bk * self.elem
-
-    @property
-    def a_t(self) -> bool:
-        """Whether the left operand is stored k-outer (MN-major; codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[0]
-
-    @property
-    def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer (MN-major; codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[1]
 
     @property
     def wg_m(self) -> int:

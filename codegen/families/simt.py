@@ -32,7 +32,6 @@ from codegen.spec import (
     LAYOUT_SUFFIX,
     DeviceLimits,
     SpecData,
-    k_outer,
     layout_rules,
     sparse_rules,
 )
@@ -128,16 +127,6 @@ class Spec(SpecData):
         return spec
 
     # ---- derived geometry -----------------------------------------------------------------
-    @property
-    def a_t(self) -> bool:
-        """Whether the left operand is stored k-outer (codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[0]
-
-    @property
-    def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer (codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[1]
-
     def _async_tile(self, rows: int, outer: bool) -> int:
         """Elements of one async stage of an operand tile: [rows][bk + pad] k-contiguous, or
         [bk][rows + pad] for an operand stored k-outer (cp.async runs along its rows)."""

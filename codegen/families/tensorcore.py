@@ -49,7 +49,6 @@ from codegen.spec import (
     LAYOUT_SUFFIX,
     DeviceLimits,
     SpecData,
-    k_outer,
     layout_rules,
     sparse_rules,
 )
@@ -180,16 +179,6 @@ class Spec(SpecData):
     def row_stride(self) -> int:
         """Shared-memory row stride of a k-tile, in elements (a 16-byte pad, or none when swizzled)."""
         return self.bk + (self.chunk_elems if self.smem == "pad" else 0)
-
-    @property
-    def a_t(self) -> bool:
-        """Whether the left operand is stored k-outer (codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[0]
-
-    @property
-    def w_t(self) -> bool:
-        """Whether the right operand is stored k-outer (codegen.spec.k_outer)."""
-        return k_outer(self.layout, self.block)[1]
 
     def outer_stride(self, rows: int) -> int:
         """Shared row stride of a k-outer operand's tile [bk][rows], in elements: rows (+ a 16-byte pad)."""
