@@ -31,19 +31,20 @@ from benchmarks.hopper_probe import TIMING, compare, emit, gpu_line, run_child, 
 
 #: Points of the sparse hopper space (search/spaces/hopper.py, block > 0): labels for the table.
 POINTS = [
-    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, persistent=True, group_m=8, ctas=1)),
-    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, persistent=True, group_m=8, ctas=1)),
-    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, persistent=False, group_m=8, ctas=1)),
-    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, persistent=False, group_m=8, ctas=2)),
-    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, persistent=False, group_m=8, ctas=2)),
-    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, persistent=False, group_m=8, ctas=1)),
-    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, persistent=True, group_m=8, ctas=2, grouped=True)),
-    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, persistent=True, group_m=8, ctas=2, grouped=True)),
+    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, grid="ranges", group_m=8, ctas=1)),
+    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, grid="ranges", group_m=8, ctas=1)),
+    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, grid="plain", group_m=8, ctas=1)),
+    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, grid="plain", group_m=8, ctas=2)),
+    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, grid="plain", group_m=8, ctas=2)),
+    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, grid="plain", group_m=8, ctas=1)),
+    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, grid="grouped", group_m=8, ctas=2)),
+    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=8, ctas=2)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]
 #: Points tried for block 64 only: persistent grids of two blocks per multiprocessor in grouped order
-#: (their balanced-range twins, "ps o2", were slower than the plain grid: hopper_sparse-...T034713Z.json).
+#: (their balanced-range twins, "ps o2", were slower than the plain grid: hopper_sparse-...T034713Z.json;
+#: grouped ones were faster than both at densities 0.05-0.25: ...T055650Z.json).
 POINTS_64_ONLY = [6, 7]
 #: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency).
 POINTS_SMALL_M = [0, 3, 5]

@@ -17,7 +17,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     over the grid (``split_k``, for layers of few output tiles; two passes through an fp32 workspace). With a
     block-sparse W (``block`` > 0) the block tile spans one block row and the k-tile is one block,
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
-    share a multiprocessor (``ctas``), for rows that hold only a few kept blocks. The backward layouts
+    share a multiprocessor (``ctas``), for rows that hold only a few kept blocks; its grid is one
+    dimension, ``grid`` (plain, persistent over balanced ``ranges``, or persistent in ``grouped``
+    order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise). The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
     have no cluster pairs."""
     dims = {
@@ -34,8 +36,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         dims["bn"] = (64, 128, 192, 256)
         del dims["cluster"]
     if block:
-        for name in ("bn", "cluster", "split_k"):  # a backward layout has dropped cluster already
+        for name in ("bn", "cluster", "split_k", "persistent"):  # a backward layout has dropped cluster already
             dims.pop(name, None)
+        dims["grid"] = GRIDS
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
     return Space(NAME, dims)
@@ -73,22 +76,28 @@ SEEDS = [
 ]
 
 
-def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8) -> dict:
-    return dict(bm=bm, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m, ctas=ctas)
+#: A block-sparse W's grid: one block per tile, a persistent grid over balanced ranges of tiles, or
+#: a persistent grid striding over the tiles in group_m order.
+GRIDS = ("plain", "ranges", "grouped")
 
 
-#: Block-sparse W, ordered by the H200 probe (2026-12-02, benchmarks/results/hopper_sparse-NVIDIA_H200-
-#: 2026-12-02T011336Z.json, bf16 4096^3 and 32x4096x4096, blocks 16-64): two blocks per multiprocessor
-#: won at densities 0.05-0.25 (e.g. block 64, density 0.1: 59 us), the 256-row plain grid at 0.5, the
-#: 64-row tile at batch 32; the persistent points were 10-50% slower everywhere (the balanced ranges
-#: spread X over the whole kernel: see benchmarks/NOTES.md). Hand-picked, not searched.
+def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8) -> dict:
+    return dict(bm=bm, stages=stages, consumers=consumers, grid=grid, group_m=group_m, ctas=ctas)
+
+
+#: Block-sparse W, ordered by the H200 probes (bf16 4096^3 and 32x4096x4096, block 64 at densities
+#: 0.05-0.5; benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T011336Z.json and ...T055650Z.json):
+#: the grouped persistent grid of two blocks per multiprocessor led at densities 0.05-0.25 (block 64,
+#: density 0.1: 54.1 us against 58.9 for the plain grid of two per multiprocessor, 65.5 for balanced
+#: ranges), the 256-row plain grid at 0.5 (163.5 us), the 64-row tile at batch 32 (8.9 us). Hand-picked,
+#: not searched.
 SPARSE_SEEDS = [
-    _sparse_point(128, 4, 1, False, ctas=2),
-    _sparse_point(128, 4, 2, False, ctas=2),
-    _sparse_point(256, 4, 2, False),
-    _sparse_point(64, 8, 1, False),
-    _sparse_point(256, 5, 2, True),
-    _sparse_point(128, 8, 2, True),
+    _sparse_point(128, 4, 1, "grouped", ctas=2),
+    _sparse_point(128, 4, 2, "grouped", ctas=2),
+    _sparse_point(128, 4, 1, "plain", ctas=2),
+    _sparse_point(256, 4, 2, "plain"),
+    _sparse_point(64, 8, 1, "plain"),
+    _sparse_point(256, 5, 2, "ranges"),
 ]
 
 
@@ -96,6 +105,10 @@ def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows
     (dense W only); with a block-sparse W, ``bn`` is the block."""
     if problem.block:
+        point = dict(point)
+        grid = point.pop("grid", None)
+        if grid is not None:
+            point.update(persistent=grid != "plain", grouped=grid == "grouped")
         return Spec(dtype=problem.dtype, bias=problem.bias, bn=problem.block, block=problem.block,
                     layout=problem.layout, **point)
     pack = problem.layout is Layout.forward and problem.k * problem.dtype.itemsize % 16 != 0
@@ -106,4 +119,5 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
+    d["grid"] = ("grouped" if spec.grouped else "ranges") if spec.persistent else "plain"
     return {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims}

@@ -71,3 +71,23 @@ def test_more_uniform_points_of_the_simt_space_are_valid_than_before_the_tied_di
     share, reasons = valid_share("simt", Problem(4096, 4096, 4096, DType.fp32), 2000)
     assert share > 0.17  # 13.5% with copy, stages, split_k and reduce sampled apart (20000 draws); 21.2% now
     assert not [w for w in reasons if w.startswith(RULES)]
+
+
+def test_a_block_sparse_hopper_grid_is_one_dimension_the_rules_accept():
+    """hopper's ``grid`` (plain, ranges, grouped) over a block-sparse W: every choice gives a spec the
+    grouped rule accepts (grouped order only on a persistent grid), and points and specs map both ways."""
+    from codegen import sparse
+
+    problem = sparse.problem_for(256, sparse.Pattern.random(512, 1024, 64, 0.25, seed=1), DType.bf16)
+    space = space_for("hopper", DType.bf16, block=64)
+    assert space.dims["grid"] == ("plain", "ranges", "grouped") and "persistent" not in space.dims
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(200):
+        point = {k: rng.choice(v) for k, v in space.dims.items()}
+        spec = space.spec(point, problem)
+        assert spec.persistent == (point["grid"] != "plain") and spec.grouped == (point["grid"] == "grouped")
+        assert not [w for w in spec.check(problem, DeviceLimits()) if "grouped" in w], (point, spec.check(problem))
+        assert point_of(spec) == point
+        seen.add(point["grid"])
+    assert seen == {"plain", "ranges", "grouped"}
