@@ -135,7 +135,7 @@ def test_shared_memory_and_register_budgets():
 # ---- space -------------------------------------------------------------------------------------
 def test_space_maps_points_to_specs_and_back():
     space = space_for("hopper", DType.bf16)
-    assert space.size == 3 * 7 * 5 * 2 * 2 * 4 * 2 * 5
+    assert space.size == 3 * 7 * 5 * 2 * 2 * 4 * 2 * 5 * 2
     rng = random.Random(0)
     points = list(space.points())
     for point in rng.sample(points, 60):

@@ -19,7 +19,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
     share a multiprocessor (``ctas``), for rows that hold only a few kept blocks. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs."""
+    have no cluster pairs. ``a_regs`` (X's fragments through registers, wgmma with A from registers)
+    is a choice wherever the rules allow it: not in grad_weight (X k-outer) nor for blocks of 16 (one
+    k-step per k-tile)."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
@@ -29,6 +31,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "group_m": (1, 4, 8, 16),
         "cluster": (1, 2),
         "split_k": (1, 2, 4, 8, 16),
+        "a_regs": (False, True),
     }
     if Layout(layout) is not Layout.forward:
         dims["bn"] = (64, 128, 192, 256)
@@ -38,17 +41,19 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
             dims.pop(name, None)
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
+    if Layout(layout) is Layout.grad_weight or block == 16:
+        del dims["a_regs"]
     return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(bm=(128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
-                  group_m=(8,), cluster=(1, 2), split_k=(1,))
+                  group_m=(8,), cluster=(1, 2), split_k=(1,), a_regs=(False,))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1, split_k=1) -> dict:
+def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1, split_k=1, a_regs=False) -> dict:
     return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
-                cluster=cluster, split_k=split_k)
+                cluster=cluster, split_k=split_k, a_regs=a_regs)
 
 
 #: Plausible good points for large 16-bit layers (two consumer warpgroups of 64 x 256, or of 128 x 128),
@@ -73,8 +78,9 @@ SEEDS = [
 ]
 
 
-def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8) -> dict:
-    return dict(bm=bm, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m, ctas=ctas)
+def _sparse_point(bm, stages, consumers, persistent, ctas=1, group_m=8, a_regs=False) -> dict:
+    return dict(bm=bm, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m, ctas=ctas,
+                a_regs=a_regs)
 
 
 #: Block-sparse W, ordered by the H200 probe (2026-12-02, benchmarks/results/hopper_sparse-NVIDIA_H200-
