@@ -54,6 +54,18 @@ few output tiles: block (tile, split) runs its split's k-tiles (``split_range``;
 k-tile has none and writes zeros) and stores its fp32 partial sums into the workspace WS[split][M][N];
 a second kernel (``reduce_kernel``) sums the splits, adds the bias and converts (the two-pass split-K
 of codegen.launch). With the pack prepass, the packed copies follow the partial sums in the workspace.
+``a_regs`` gives wgmma X's fragments from registers instead of a descriptor: per k-step each consumer
+warp loads its 16 rows of every m64 block with one ``ldmatrix`` x4 from the swizzled X tile (lane l
+gives row l % 16 and 16-byte chunk 2s + l / 16 of k-step s, at the chunk XOR the row's address bits
+from 7 up, which is TMA's swizzle of every span), in mma.m16n8k16's A layout, and issues the register
+form of wgmma (B still from its descriptor, transposed where W is k-outer). wgmma reads A's registers
+asynchronously, so they must not be rewritten until it completes: the consumer commits one group per
+k-step and waits until only the latest is in flight before loading the next k-step's fragments (two
+fragment sets live, ``a_frag_regs``, counted in the register rule), with ``wgmma.fence`` between the
+loads and the wgmma that read them; the stage is handed back after the first k-step of the next
+k-tile, when every wgmma of the previous one is done. Refused where X is k-outer (grad_weight: the
+register form has no transpose for A) and for blocks of 16 (one k-step per k-tile, so the two
+fragment sets could not alternate).
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
