@@ -29,20 +29,25 @@ from pathlib import Path
 
 #: Points of search/spaces/hopper.py, small tiles to large (labels for the table).
 POINTS = [
-    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1)),
-    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1)),
-    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
-    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=1)),
-    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
-    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1)),
-    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1, split_k=1)),
+    ("64x64 c1 s2", dict(bm=64, bn=64, stages=2, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("128x128 c1 s4", dict(bm=128, bn=128, stages=4, consumers=1, persistent=False, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("128x128 c2 s5 ps", dict(bm=128, bn=128, stages=5, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("128x256 c2 s4", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("128x256 c2 s4 ps", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("256x128 c2 s4 ps", dict(bm=256, bn=128, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1, a_regs=False)),
+    ("128x192 c2 s4 ps", dict(bm=128, bn=192, stages=4, consumers=2, persistent=True, group_m=16, cluster=1, split_k=1, a_regs=False)),
     # Thread-block cluster pairs along M sharing W's tile by TMA multicast.
-    ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2, split_k=1)),
-    ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2, split_k=1)),
+    ("128x256 c2 s4 cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=2, split_k=1, a_regs=False)),
+    ("128x256 c2 s4 ps cl2", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=2, split_k=1, a_regs=False)),
     # Split-K for small batches (few output tiles).
-    ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4)),
-    ("128x256 c2 s4 k8", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=8)),
-    ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8)),
+    ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4, a_regs=False)),
+    ("128x256 c2 s4 k8", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=8, a_regs=False)),
+    ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8, a_regs=False)),
+    # X's fragments through registers (wgmma with A from registers): twins of points 3 and 4.
+    ("128x256 c2 s4 ar", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=1,
+                              a_regs=True)),
+    ("128x256 c2 s4 ps ar", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1,
+                                 a_regs=True)),
 ]
 #: (m, n, k, bias, timed): validated in this order; the timed ones are then measured against cuBLAS.
 SHAPES = [

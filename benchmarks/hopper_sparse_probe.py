@@ -31,14 +31,14 @@ from benchmarks.hopper_probe import TIMING, compare, emit, gpu_line, run_child, 
 
 #: Points of the sparse hopper space (search/spaces/hopper.py, block > 0): labels for the table.
 POINTS = [
-    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, persistent=True, group_m=8, ctas=1)),
-    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, persistent=True, group_m=8, ctas=1)),
-    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, persistent=False, group_m=8, ctas=1)),
-    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, persistent=False, group_m=8, ctas=2)),
-    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, persistent=False, group_m=8, ctas=2)),
-    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, persistent=False, group_m=8, ctas=1)),
-    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, persistent=True, group_m=8, ctas=2, grouped=True)),
-    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, persistent=True, group_m=8, ctas=2, grouped=True)),
+    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, persistent=True, group_m=8, ctas=1, a_regs=False)),
+    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, persistent=True, group_m=8, ctas=1, a_regs=False)),
+    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, persistent=False, group_m=8, ctas=1, a_regs=False)),
+    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, persistent=False, group_m=8, ctas=2, a_regs=False)),
+    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, persistent=False, group_m=8, ctas=2, a_regs=False)),
+    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, persistent=False, group_m=8, ctas=1, a_regs=False)),
+    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, persistent=True, group_m=8, ctas=2, grouped=True, a_regs=False)),
+    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, persistent=True, group_m=8, ctas=2, grouped=True, a_regs=False)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]

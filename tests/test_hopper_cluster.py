@@ -90,7 +90,8 @@ def test_cluster_is_a_dense_space_dimension_with_inverse_maps():
     assert "cluster" not in space_for("hopper", DType.bf16, block=32).dims
     for problem in (BIG, ODD, Problem(130, 250, 72, DType.fp16, bias=True)):
         for persistent in (False, True):
-            point = dict(bm=128, bn=256, stages=4, consumers=2, persistent=persistent, group_m=8, cluster=2, split_k=1)
+            point = dict(bm=128, bn=256, stages=4, consumers=2, persistent=persistent, group_m=8, cluster=2, split_k=1,
+                         a_regs=False)
             spec = to_spec("hopper", point, problem)
             assert spec.cluster == 2 and point_of(spec) == point and not spec.check(problem)
     assert any(p["cluster"] == 2 for p in seeds("hopper"))
