@@ -43,6 +43,11 @@ POINTS = [
     ("64x128 c1 s6 k4", dict(bm=64, bn=128, stages=6, consumers=1, persistent=False, group_m=4, cluster=1, split_k=4)),
     ("128x256 c2 s4 k8", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=8)),
     ("64x256 c1 s4 k8", dict(bm=64, bn=256, stages=4, consumers=1, persistent=False, group_m=4, cluster=1, split_k=8)),
+    # X's fragments through registers (wgmma with A from registers): twins of points 3 and 4.
+    ("128x256 c2 s4 ar", dict(bm=128, bn=256, stages=4, consumers=2, persistent=False, group_m=8, cluster=1, split_k=1,
+                              a_regs=True)),
+    ("128x256 c2 s4 ps ar", dict(bm=128, bn=256, stages=4, consumers=2, persistent=True, group_m=8, cluster=1, split_k=1,
+                                 a_regs=True)),
 ]
 #: (m, n, k, bias, timed): validated in this order; the timed ones are then measured against cuBLAS.
 SHAPES = [

@@ -60,6 +60,7 @@ def test_every_probe_shape_maps_every_point_to_a_valid_kernel():
     assert {s[:3] for s in probe.SHAPES if s[4]} == {(4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096),
                                                      (128, 4096, 4096), (32, 4096, 4096), (4097, 4095, 4093)}
     assert {point["split_k"] for _, point in probe.POINTS} == {1, 4, 8}  # split-K for the small batches
+    assert {point.get("a_regs", False) for _, point in probe.POINTS} == {False, True}
 
 
 def _run(label, events, ending="done", exit_code=0, stderr=""):
@@ -188,7 +189,7 @@ def test_one_shape_builds_runs_compares_and_times(cpu_probe):
 def test_one_shape_runs_a_split_point_on_a_poisoned_workspace(cpu_probe, monkeypatch):
     from codegen.spec import DeviceLimits
 
-    engine, split = _FakeEngine(), dict(probe.POINTS[-1][1])
+    engine, split = _FakeEngine(), dict(next(p for label, p in probe.POINTS if label == "64x256 c1 s4 k8"))
     rec = {"dtype": "bf16", "shape": "32x257x200"}
     ops, real = [], probe.TorchOperands
     monkeypatch.setattr(probe, "TorchOperands", lambda problem, torch: ops.append(real(problem, torch)) or ops[-1])

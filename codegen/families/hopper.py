@@ -54,6 +54,18 @@ few output tiles: block (tile, split) runs its split's k-tiles (``split_range``;
 k-tile has none and writes zeros) and stores its fp32 partial sums into the workspace WS[split][M][N];
 a second kernel (``reduce_kernel``) sums the splits, adds the bias and converts (the two-pass split-K
 of codegen.launch). With the pack prepass, the packed copies follow the partial sums in the workspace.
+``a_regs`` gives wgmma X's fragments from registers instead of a descriptor: per k-step each consumer
+warp loads its 16 rows of every m64 block with one ``ldmatrix`` x4 from the swizzled X tile (lane l
+gives row l % 16 and 16-byte chunk 2s + l / 16 of k-step s, at the chunk XOR the row's address bits
+from 7 up, which is TMA's swizzle of every span), in mma.m16n8k16's A layout, and issues the register
+form of wgmma (B still from its descriptor, transposed where W is k-outer). wgmma reads A's registers
+asynchronously, so they must not be rewritten until it completes: the consumer commits one group per
+k-step and waits until only the latest is in flight before loading the next k-step's fragments (two
+fragment sets live, ``a_frag_regs``, counted in the register rule), with ``wgmma.fence`` between the
+loads and the wgmma that read them; the stage is handed back after the first k-step of the next
+k-tile, when every wgmma of the previous one is done. Refused where X is k-outer (grad_weight: the
+register form has no transpose for A) and for blocks of 16 (one k-step per k-tile, so the two
+fragment sets could not alternate).
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
@@ -126,6 +138,8 @@ def consumer_regs(consumers: int, ctas: int) -> int:
 
 #: Registers a consumer thread needs beside its accumulators (descriptors, indices, epilogue).
 CONSUMER_OVERHEAD = 56
+#: 32-bit registers of one thread's share of an m64 x k16 A fragment in registers (8 16-bit elements).
+A_FRAG_REGS = 4
 ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
 SPARSE_ARGS = ("Y", "TX", "TW", "B", "RP", "CI", "M", "N", "K")
 SPLIT_ARGS = ("Y", "TX", "TW", "B", "WS", "M", "N", "K")  # split-K: partial sums into WS
@@ -157,6 +171,8 @@ class Spec(SpecData):
     cluster: int = field(default=1, metadata={"help": "blocks per cluster along M sharing W's tile by TMA multicast (1 or 2)"})
     layout: Layout = field(default=Layout.forward, metadata={"help": "which GEMM of the linear layer"})
     split_k: int = field(default=1, metadata={"help": "K split over the grid, reduced by a second pass (1: no split)"})
+    a_regs: bool = field(default=False, metadata={"help": "consumers load X's fragments from shared memory into registers "
+                                                          "(ldmatrix) for wgmma with A from registers"})
 
     family: ClassVar[str] = NAME
 
@@ -167,12 +183,12 @@ class Spec(SpecData):
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}{'g' if self.grouped else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
                 f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}"
-                f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{LAYOUT_SUFFIX[self.layout]}")
+                f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{'_ar' if self.a_regs else ''}{LAYOUT_SUFFIX[self.layout]}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
         r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<grouped>g?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
-        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?:_(?P<layout>gi|gw))?"
+        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?P<a_regs>(_ar)?)(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -193,6 +209,7 @@ class Spec(SpecData):
             cluster=int(g.pop("cluster") or 1),
             layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
             split_k=int(g.pop("split_k") or 1),
+            a_regs=bool(g.pop("a_regs")),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -257,6 +274,12 @@ class Spec(SpecData):
     def consumer_regs(self) -> int:
         return consumer_regs(self.consumers, self.ctas)
 
+    @property
+    def a_frag_regs(self) -> int:
+        """Registers a consumer thread holds A's fragments in (``a_regs``; 0 without): two k-steps' worth,
+        the one whose wgmma are in flight and the next, loading, each 4 per m64 row block."""
+        return 2 * self.frag_m * A_FRAG_REGS if self.a_regs else 0
+
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
@@ -314,6 +337,13 @@ class Spec(SpecData):
             if self.bn % (8 * self.cluster):
                 why.append(f"bn {self.bn} must be a multiple of 8 x cluster {self.cluster}: each block multicasts "
                            f"bn/{self.cluster} rows of W, whole 8-row swizzle groups")
+        if self.a_regs:
+            if self.a_t:
+                why.append(f"a_regs loads X's fragments from a K-major tile, and the {self.layout.value} layout stores X "
+                           f"k-outer (wgmma has no transpose for an A from registers): a_regs must be false")
+            if self.bk // WGMMA_K < 2:
+                why.append(f"a_regs alternates two fragment sets between the k-steps of a k-tile, and a k-tile of "
+                           f"{self.bk} is one k-step: a_regs needs a dense W or blocks of 32 or 64")
         if self.split_k > 1:
             if self.block:
                 why.append("split_k > 1 is generated for a dense W only (a block-sparse row's kept blocks are not "
@@ -326,8 +356,9 @@ class Spec(SpecData):
         if why:
             return why
         budget = self.consumer_regs
-        if self.acc_regs + CONSUMER_OVERHEAD > budget:
-            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}) > the {budget} "
+        if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
+            frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
+            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
                        f"registers a consumer gets: make bm/consumers x bn smaller")
         if self.threads > limits.max_threads:
             why.append(f"{self.threads} threads per block > {limits.max_threads}")
@@ -405,6 +436,7 @@ def template_values(spec: Spec) -> dict:
         comment=COMMENT[spec.layout],
         row_bytes=spec.row_bytes,
         swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
+        swizzle_mask=spec.row_bytes // 16 - 1,  # the 16-byte chunk index bits of a swizzled row
         a_bytes=spec.bm * spec.row_bytes,
         tx_bytes=spec.tx_bytes,
         stage_bytes=spec.stage_bytes,

@@ -21,7 +21,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     dimension, ``grid`` (plain, persistent over balanced ``ranges``, or persistent in ``grouped``
     order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise). The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs."""
+    have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension
+    yet: it has not run on a GPU, and a search would spend half its trials on it unmeasured."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),

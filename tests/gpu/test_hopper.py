@@ -4,7 +4,8 @@ reference, NaN-poisoned outputs, the odd probe on every evaluation); rows that b
 pitch through the pack prepass, refused without it; the measured cubin's SASS runs HGMMA; an export
 runs from its manifest alone (tensor maps encoded from it); bench and search through the CLI. Split-K
 (small batches) on M of 1, 32 and 130, N off the tile and odd, K ending in a partial k-tile and K of
-fewer k-tiles than splits (the validation poisons the workspace too: an unwritten partial sum is NaN)."""
+fewer k-tiles than splits (the validation poisons the workspace too: an unwritten partial sum is NaN).
+A fragments through registers (``a_regs``, ``-k a_regs``) on the same shapes."""
 
 from __future__ import annotations
 
@@ -107,6 +108,62 @@ def test_split_k_with_the_pack_prepass(evaluator):
     for dtype, params in ((DType.bf16, SPLITS[0]), (DType.fp16, SPLITS[3])):
         assert_correct_on(evaluator, Spec(dtype=dtype, bias=True, prepass="pack", **params),
                           MISALIGNED + [(32, 257, 91), (130, 250, 1001)])
+
+
+#: A fragments through registers (``a_regs``): one and two consumers, one to four m64 blocks per
+#: consumer, persistent, split-K and the cluster pair; on the aligned shapes (M = 1, 67 x 45 x 88:
+#: K ending in a partial k-tile) and through the pack prepass on the misaligned ones (K = 1, 91, 4093).
+A_REGS = [
+    dict(bm=64, bn=64, consumers=1, stages=2),
+    dict(bm=128, bn=128, consumers=1, stages=4),  # two m64 blocks per consumer
+    dict(bm=128, bn=256, consumers=2, stages=4),
+    dict(bm=128, bn=256, consumers=2, stages=4, persistent=True),
+    dict(bm=256, bn=128, consumers=2, stages=4, persistent=True, group_m=16),
+    dict(bm=128, bn=96, consumers=2, stages=6, persistent=True, group_m=1),
+    dict(bm=256, bn=64, consumers=1, stages=4),  # four m64 blocks per consumer
+    dict(bm=128, bn=256, consumers=2, stages=4, cluster=2, persistent=True),
+]
+A_REGS_CASES = [(DType.bf16, bias, v) for v in A_REGS for bias in (False, True)] + [
+    (DType.fp16, bias, v) for v in A_REGS[1:4] for bias in (False, True)
+]
+
+
+@pytest.mark.parametrize("dtype,bias,params", A_REGS_CASES,
+                         ids=[Spec(dtype=d, bias=b, a_regs=True, **v).name for d, b, v in A_REGS_CASES])
+def test_a_regs_is_correct_on_aligned_shapes(evaluator, dtype, bias, params):
+    spec = Spec(dtype=dtype, bias=bias, a_regs=True, **params)
+    assert not spec.check(), spec.check()
+    assert_correct_on(evaluator, spec, ALIGNED)
+
+
+A_REGS_PACKED = [(DType.bf16, True, A_REGS[2]), (DType.fp16, False, A_REGS[1]), (DType.bf16, False, A_REGS[6])]
+
+
+@pytest.mark.parametrize("dtype,bias,params", A_REGS_PACKED,
+                         ids=[Spec(dtype=d, bias=b, prepass="pack", a_regs=True, **v).name for d, b, v in A_REGS_PACKED])
+def test_a_regs_takes_misaligned_k_through_the_pack_prepass(evaluator, dtype, bias, params):
+    assert_correct_on(evaluator, Spec(dtype=dtype, bias=bias, prepass="pack", a_regs=True, **params), MISALIGNED)
+
+
+A_REGS_SPLITS = [(DType.bf16, False, SPLITS[0]), (DType.bf16, True, SPLITS[2]), (DType.fp16, True, SPLITS[1])]
+
+
+@pytest.mark.parametrize("dtype,bias,params", A_REGS_SPLITS,
+                         ids=[Spec(dtype=d, bias=b, a_regs=True, **v).name for d, b, v in A_REGS_SPLITS])
+def test_a_regs_with_split_k_is_correct_on_small_batches(evaluator, dtype, bias, params):
+    assert_correct_on(evaluator, Spec(dtype=dtype, bias=bias, a_regs=True, **params), SPLIT_SHAPES)
+
+
+def test_a_regs_measured_cubin_runs_hgmma_from_registers(evaluator):
+    spec = Spec(bias=True, persistent=True, a_regs=True)
+    result, built = evaluator.evaluate(spec, Problem(512, 512, 512, DType.bf16, bias=True))
+    assert result["status"] == "ok", result["evidence"]
+    try:
+        text = sass.disassemble(built.compiled.cubin)
+    except sass.SassError as e:
+        pytest.skip(f"no disassembler on this machine: {e}")
+    ops = sass.opcodes(text, spec.name)
+    assert ops["HGMMA"] == 4 and ops["LDSM"] == 4 and ops["HMMA"] == 0
 
 
 def test_the_measured_cubin_runs_hgmma(evaluator):

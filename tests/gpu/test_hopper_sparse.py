@@ -83,6 +83,25 @@ def test_sparse_kernel_is_correct_on_every_pattern(evaluator, spec):
         _assert_ok(evaluator, spec, m, pattern)
 
 
+#: A fragments through registers (blocks 64 and 32; a block of 16 is one k-step, refused).
+A_REGS = [
+    Spec(block=64, bn=64, bm=128, stages=8, persistent=True, a_regs=True),
+    Spec(block=64, bn=64, bm=256, stages=4, bias=True, a_regs=True),
+    Spec(block=64, bn=64, bm=128, stages=4, ctas=2, dtype=DType.fp16, bias=True, a_regs=True),
+    Spec(block=64, bn=64, bm=128, consumers=1, stages=6, persistent=True, dtype=DType.fp16, a_regs=True),
+    Spec(block=32, bn=32, bm=128, stages=12, persistent=True, bias=True, a_regs=True),
+    Spec(block=32, bn=32, bm=128, consumers=1, stages=4, ctas=2, dtype=DType.fp16, a_regs=True),
+    Spec(block=32, bn=32, bm=256, stages=8, group_m=1, a_regs=True),
+]
+
+
+@pytest.mark.parametrize("spec", A_REGS, ids=[s.name for s in A_REGS])
+def test_a_regs_sparse_kernel_is_correct_on_every_pattern(evaluator, spec):
+    assert not spec.check(), spec.check()
+    for m, pattern in _patterns(spec.block):
+        _assert_ok(evaluator, spec, m, pattern)
+
+
 @pytest.mark.parametrize("spec", [VARIANTS[0], VARIANTS[2], VARIANTS[4]], ids=lambda s: s.name)
 def test_a_large_layer_at_density_a_tenth(evaluator, spec):
     pattern = sparse.Pattern.random(4096, 4096, spec.block, 0.1, seed=11)

@@ -124,6 +124,21 @@ def test_hopper_backward_gemms_are_correct(evaluator, spec):
         assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
 
 
+#: grad_input with X's (dY's) fragments through registers (``a_regs``; grad_weight's X is k-outer: refused).
+HOPPER_A_REGS = [HopperSpec(dtype=dt, layout=GI, a_regs=True, **v)
+                 for dt, variants in ((DType.bf16, HOPPER[:6]), (DType.fp16, HOPPER[:2])) for v in variants]
+
+
+@pytest.mark.parametrize("spec", HOPPER_A_REGS, ids=lambda s: s.name)
+def test_hopper_a_regs_grad_input_is_correct(evaluator, spec):
+    assert not spec.check(), spec.check()
+    for batch, fin, fout in HOPPER_LAYERS[GI]:
+        problem = linear_problems(batch, fin, fout, spec.dtype, spec.bias)[GI]
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
+
+
 @pytest.mark.parametrize("drop", ["_db", "main"])
 def test_an_unwritten_output_is_caught(evaluator, monkeypatch, drop):
     """A plan without the db kernel leaves db as NaN poison; one without the GEMM leaves dW."""
