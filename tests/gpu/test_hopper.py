@@ -154,8 +154,11 @@ def test_a_regs_with_split_k_is_correct_on_small_batches(evaluator, dtype, bias,
     assert_correct_on(evaluator, Spec(dtype=dtype, bias=bias, a_regs=True, **params), SPLIT_SHAPES)
 
 
-def test_a_regs_measured_cubin_runs_hgmma_from_registers(evaluator):
-    spec = Spec(bias=True, persistent=True, a_regs=True)
+@pytest.mark.parametrize("spec,expected", [
+    (Spec(bias=True, persistent=True), {"HGMMA": 4, "UTMALDG": 2, "HMMA": 0}),
+    (Spec(bias=True, persistent=True, a_regs=True), {"HGMMA": 4, "LDSM": 4, "HMMA": 0}),  # A from registers
+], ids=["a_from_shared_memory", "a_regs"])
+def test_the_measured_cubin_runs_hgmma(evaluator, spec, expected):
     result, built = evaluator.evaluate(spec, Problem(512, 512, 512, DType.bf16, bias=True))
     assert result["status"] == "ok", result["evidence"]
     try:
@@ -163,19 +166,7 @@ def test_a_regs_measured_cubin_runs_hgmma_from_registers(evaluator):
     except sass.SassError as e:
         pytest.skip(f"no disassembler on this machine: {e}")
     ops = sass.opcodes(text, spec.name)
-    assert ops["HGMMA"] == 4 and ops["LDSM"] == 4 and ops["HMMA"] == 0
-
-
-def test_the_measured_cubin_runs_hgmma(evaluator):
-    spec = Spec(bias=True, persistent=True)
-    result, built = evaluator.evaluate(spec, Problem(512, 512, 512, DType.bf16, bias=True))
-    assert result["status"] == "ok", result["evidence"]
-    try:
-        text = sass.disassemble(built.compiled.cubin)
-    except sass.SassError as e:
-        pytest.skip(f"no disassembler on this machine: {e}")
-    ops = sass.opcodes(text, spec.name)
-    assert ops["HGMMA"] == 4 and ops["UTMALDG"] == 2 and ops["HMMA"] == 0
+    assert {op: ops[op] for op in expected} == expected
 
 
 @pytest.mark.parametrize("dtype,params", [(DType.bf16, dict(persistent=True, prepass="pack")),
