@@ -2,6 +2,7 @@
 
     python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--out DIR] [--reps N] [--no-bias]
                                        [--batches 32 4096] [--dtypes bf16 fp32] [--modes forward train] [--graphs]
+                                       [--backward overlap serial]
 
 For each batch (in = out = 4096, with bias as nn.Linear has by default, or --no-bias), dtype and mode: the
 layer's ``forward`` alone (under no_grad), or ``train``, forward then backward with a given dY
@@ -10,7 +11,9 @@ alternating rounds, each call alone between CUDA events after an L2 flush: ``eag
 counts the host's work before each launch (Python, autograd, codegen.nn's lookups). With ``--graphs``
 each case is also timed as ``cuda_graph``: both layers' calls (train: forward + autograd.grad) captured
 in a CUDA graph after a warm-up on a side stream, and the graph's replays timed the same way, so the
-figure is the GPU's time without the host's launch cost; each record says which (``timing``). Kernels come from the
+figure is the GPU's time without the host's launch cost; each record says which (``timing``). ``--backward``
+times ours in training with dW on a side stream beside dX (``overlap``, codegen.nn's default) and/or both
+on one stream (``serial``); each train record's ``ours.backward`` says which. Kernels come from the
 bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
 search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
 torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
@@ -34,6 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
 MODES = ("forward", "train")
 TIMINGS = ("eager", "cuda_graph")
+BACKWARDS = ("overlap", "serial")
 DTYPES = ("bf16", "fp32")
 BATCHES = (32, 4096)
 FLUSH_BYTES = 256 << 20
@@ -73,8 +77,9 @@ def stats(times: list[float]) -> dict:
 
 
 def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_error: dict, selection: str,
-           timing: str = "eager") -> dict:
-    """One DESIGN.md record: ours (which kernel ran each GEMM), the torch_linear baseline, the ratio, and
+           timing: str = "eager", backward: str | None = None) -> dict:
+    """One DESIGN.md record: ours (which kernel ran each GEMM, and in training how the backward's
+    two GEMMs shared the GPU: ``overlap`` or ``serial``), the torch_linear baseline, the ratio, and
     how the calls were timed (``eager`` calls or ``cuda_graph`` replays)."""
     mine, theirs = stats(ours), stats(base)
     named = [v for v in gemms.values() if v and not v.startswith("torch")]
@@ -85,18 +90,20 @@ def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_er
         "ours": {"kernel": " + ".join(named) if named else None, "gemms": gemms, **mine,
                  "tflops": case.flops / (mine["median_ms"] * 1e-3) / 1e12, "rel_error": rel_error,
                  "status": f"wrong_result: {', '.join(wrong)}" if wrong else "ok",
-                 "search": {"sampler": None, "selection": selection}},
+                 "search": {"sampler": None, "selection": selection},
+                 **({"backward": backward} if case.mode == "train" and backward else {})},
         "baselines": {"torch_linear": theirs},
         "ratio": {"torch_linear": None if wrong else theirs["median_ms"] / mine["median_ms"]},
     }
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'batch':>6s} {'dtype':5s} {'mode':8s} {'timing':10s} {'nn.Linear us':>13s} {'ours us':>9s} {'ratio':>6s}  gemms"]
+    lines = [f"{'batch':>6s} {'dtype':5s} {'mode':8s} {'timing':10s} {'backward':8s} {'nn.Linear us':>13s} "
+             f"{'ours us':>9s} {'ratio':>6s}  gemms"]
     for r in records:
         p, o = r["problem"], r["ours"]
         gemms = ", ".join(f"{k}: {'torch' if str(v).startswith('torch') else 'gemmscape'}" for k, v in o["gemms"].items())
-        lines.append(f"{p['m']:6d} {p['dtype']:5s} {p['layout']:8s} {r.get('timing', 'eager'):10s} {r['baselines']['torch_linear']['median_ms'] * 1e3:13.1f} "
+        lines.append(f"{p['m']:6d} {p['dtype']:5s} {p['layout']:8s} {r.get('timing', 'eager'):10s} {o.get('backward', '-'):8s} {r['baselines']['torch_linear']['median_ms'] * 1e3:13.1f} "
                      f"{o['median_ms'] * 1e3:9.1f} {r['ratio']['torch_linear'] or float('nan'):6.2f}  {gemms}"
                      + ("" if o.get("status", "ok") == "ok" else f"  {o['status'].upper()}"))
     return "\n".join(lines)
@@ -229,6 +236,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True,
                    help="layers with a bias, as nn.Linear's default (--no-bias: without)")
+    p.add_argument("--backward", nargs="+", choices=BACKWARDS, default=[BACKWARDS[0]],
+                   help="train cases: ours with dW on a side stream beside dX (overlap, the layer's default) "
+                        "and/or both on one stream (serial), each timed and recorded")
     p.add_argument("--graphs", action="store_true",
                    help="also time each case as CUDA graph replays (GPU time without the host's launch cost); "
                         "records say `timing`: eager or cuda_graph")
@@ -263,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for case in cases(args.batches, args.dtypes, args.modes, args.bias):
         for timing in timings(args):
-            ours, base, gemms, rel = measure(case, kernels, args.reps, timing=timing)
-            records.append(record(case, ours, base, gemms, rel, selection, timing))
-            print(table(records[-1:]).splitlines()[1], flush=True)
+            for backward in (args.backward if case.mode == "train" else [None]):
+                kernels.overlap_backward = backward != "serial"
+                ours, base, gemms, rel = measure(case, kernels, args.reps, timing=timing)
+                records.append(record(case, ours, base, gemms, rel, selection, timing, backward))
+                print(table(records[-1:]).splitlines()[1], flush=True)
     doc = {"suite": "linear", "date": stamp, "device": info["name"],
            "versions": {**versions(), "sm": info["sm"], "torch": info["torch"], "nvrtc": info["nvrtc"]},
            "command": "python3 -m benchmarks.linear_train " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -115,12 +115,20 @@ class _Compiled:
         self.streams: dict[int, object] = {}  # stream handle -> its driver wrapper
         self.lock = threading.Lock()  # the steps' argument values are shared: one launch at a time fills them
 
-    def __call__(self, tensors: dict[str, torch.Tensor | None]) -> None:
-        """Launch the manifest's kernels on ``tensors`` (by role), on torch's current stream."""
+    def __call__(self, tensors: dict[str, torch.Tensor | None], stream: torch.cuda.Stream | None = None):
+        """Launch the manifest's kernels on ``tensors`` (by role), on torch's current stream, or on
+        ``stream`` after it waits for the current one (which zeroes the output and allocates the
+        workspace first). Returns the workspace tensor (None without one): with ``stream`` the
+        caller keeps it until the current stream has waited for ``stream``, since it belongs to
+        the current stream's memory pool."""
         if self.zero_first:
             tensors[self.output].zero_()
         ws = torch.empty(self.workspace, dtype=torch.uint8, device=self.device) if self.workspace else None
-        handle = _current_stream(self.index)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            handle = stream.cuda_stream
+        else:
+            handle = _current_stream(self.index)
         stream = self.streams.get(handle)
         if stream is None:
             if len(self.streams) > 64:
@@ -132,6 +140,7 @@ class _Compiled:
         finally:
             if previous is not None:  # the thread had another device's context current: give it back
                 _make_current(previous)
+        return ws
 
     def _launch(self, tensors: dict, ws: torch.Tensor | None, stream) -> None:
         cuda = self.cuda
@@ -214,10 +223,14 @@ def _current_stream(index: int) -> int:
 
 class Kernels:
     """Where tuned kernels come from (a ``Bundle`` or ``StoreKernels``), the kernels compiled so
-    far, and the fallbacks already reported."""
+    far, and the fallbacks already reported. ``overlap_backward`` (on by default): a backward pass
+    that runs both dX and dW on tuned kernels launches dW on a side stream of its own, so the two
+    GEMMs share the GPU; off, they run one after the other on torch's current stream."""
 
-    def __init__(self, source) -> None:
+    def __init__(self, source, *, overlap_backward: bool = True) -> None:
         self.source = source
+        self.overlap_backward = overlap_backward
+        self._side: dict[int, torch.cuda.Stream] = {}  # device index -> the backward's side stream
         self._compiled: dict[tuple[Problem, str], _Compiled | str] = {}
         self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = {}  # a call's GEMM -> its kernel (_gemm())
         self._said: set[tuple[str, str]] = set()
@@ -227,11 +240,21 @@ class Kernels:
     def __deepcopy__(self, memo) -> Kernels:  # a copied model shares the loaded kernels
         return self
 
-    def __getstate__(self) -> dict:  # pickled (torch.save of a model): the source only, kernels load anew
-        return {"source": self.source}
+    def __getstate__(self) -> dict:  # pickled (torch.save of a model): the settings only, kernels load anew
+        return {"source": self.source, "overlap_backward": self.overlap_backward}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["source"])
+        self.__init__(state["source"], overlap_backward=state.get("overlap_backward", True))
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream a backward pass launches dW on, one per device, made once (a captured CUDA
+        graph forks onto it and joins back)."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = self._side.get(index)
+        if stream is None:
+            with self._lock:
+                stream = self._side.setdefault(index, torch.cuda.Stream(device=index))
+        return stream
 
     def kernel(self, problem: Problem, device: torch.device) -> _Compiled | None:
         """The compiled kernel for ``problem`` on ``device``, or None (a fallback, reported once)."""
@@ -380,22 +403,27 @@ def linear_grad_input(kernels: Kernels, grad_y: torch.Tensor, weight: torch.Tens
     return grad_x
 
 
-def linear_grad_weight(kernels: Kernels, grad_y: torch.Tensor, x: torch.Tensor,
-                       bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """dW = dYᵀ·x, and db = Σ_batch dY when the layer has a bias."""
+def linear_grad_weight(kernels: Kernels, grad_y: torch.Tensor, x: torch.Tensor, bias: bool,
+                       stream: torch.cuda.Stream | None = None):
+    """dW = dYᵀ·x, and db = Σ_batch dY when the layer has a bias: (dW, db, held). With ``stream``
+    a tuned kernel runs there, after it waits for the current stream, and ``held`` lists what the
+    caller keeps alive until the current stream has waited for ``stream`` (every tensor it reads
+    or writes; all come from the current stream's pool); else ``held`` is None (torch's op ran, on the current
+    stream)."""
     found = _gemm(kernels, Layout.grad_weight, grad_y.shape[0], x.shape[1], grad_y.shape[1], grad_y.dtype, x.dtype,
                  grad_y.device, bias)
     if found is None or grad_y.shape[0] != x.shape[0]:
-        return grad_y.t() @ x, (grad_y.sum(0) if bias else None)
+        return grad_y.t() @ x, (grad_y.sum(0) if bias else None), None
     problem, k = found
     grad_y, x = _ready(grad_y), _ready(x)
     grad_w = torch.empty((problem.m, problem.n), dtype=x.dtype, device=x.device)
     writes_db = bias and not k.arg_names.isdisjoint(("B", "DB"))
     grad_b = torch.empty((problem.m,), dtype=x.dtype, device=x.device) if writes_db else None
-    k({"grad_weight": grad_w, "grad_y": grad_y, "x": x, "grad_bias": grad_b})
-    if bias and grad_b is None:  # the kernel computes dW only: db from torch
+    ws = k({"grad_weight": grad_w, "grad_y": grad_y, "x": x, "grad_bias": grad_b}, stream)
+    held = (grad_y, x, ws) if stream is not None else None
+    if bias and grad_b is None:  # the kernel computes dW only: db from torch, on the current stream
         grad_b = grad_y.sum(0)
-    return grad_w, grad_b
+    return grad_w, grad_b, held
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -411,10 +439,20 @@ class _LinearFunction(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_x = grad_w = grad_b = None
         grad_y = grad_y.contiguous()
+        kernels = ctx.kernels
+        need_dw = need_w or (need_b and ctx.has_bias)
+        # Both GEMMs to run: dW on the side stream (when a tuned kernel runs it), dX meanwhile here,
+        # then this stream waits for dW; until then ``held`` keeps what dW uses out of the allocator.
+        side = kernels.side_stream(grad_y.device) if need_x and need_dw and grad_y.is_cuda and kernels.overlap_backward \
+            else None
+        held = None
+        if need_dw:
+            grad_w, grad_b, held = linear_grad_weight(kernels, grad_y, x, ctx.has_bias, side)
         if need_x:
-            grad_x = linear_grad_input(ctx.kernels, grad_y, weight)
-        if need_w or (need_b and ctx.has_bias):
-            grad_w, grad_b = linear_grad_weight(ctx.kernels, grad_y, x, ctx.has_bias)
+            grad_x = linear_grad_input(kernels, grad_y, weight)
+        if held is not None:
+            torch.cuda.current_stream(grad_y.device).wait_stream(side)
+            del held
         return grad_x, grad_w if need_w else None, grad_b if need_b else None, None
 
 

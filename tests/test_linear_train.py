@@ -87,6 +87,21 @@ def test_graphs_add_cuda_graph_records_beside_the_eager_ones():
     assert "timing" in lines[0] and " eager " in lines[1] and " cuda_graph " in lines[2] and "2.00" in lines[2]
 
 
+def test_train_records_say_how_the_backward_ran():
+    """--backward: train records carry ``ours.backward`` (overlap or serial), forward records do not."""
+    assert lt.parser().parse_args([]).backward == ["overlap"]
+    assert lt.parser().parse_args(["--backward", "overlap", "serial"]).backward == ["overlap", "serial"]
+    with pytest.raises(SystemExit):
+        lt.parser().parse_args(["--backward", "parallel"])
+    gemms = {"forward": "k", "grad_input": "k", "grad_weight": "k"}
+    train = lt.record(lt.Case(32, "fp32", "train"), [0.1] * 5, [0.2] * 5, gemms, {"y": 1e-7}, "x", "cuda_graph", "serial")
+    forward = lt.record(lt.Case(32, "fp32", "forward"), [0.1] * 5, [0.2] * 5, {"forward": "k"}, {"y": 1e-7}, "x",
+                        "eager", "serial")
+    assert train["ours"]["backward"] == "serial" and "backward" not in forward["ours"]
+    lines = lt.table([train, forward]).splitlines()
+    assert "backward" in lines[0] and " serial " in lines[1] and " - " in lines[2]
+
+
 def test_nn_overhead_prints_the_cpu_path_with_the_driver_replaced():
     """benchmarks/nn_overhead.py in a process of its own (it replaces driver calls and torch's zero_)."""
     import os

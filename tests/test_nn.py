@@ -594,7 +594,8 @@ def test_the_layer_passes_each_call_s_new_tensors_through_its_cached_gemms(monke
         start = len(launches)
         y = nn.linear_forward(kernels, t["x"], t["weight"], t["bias"])
         dx = nn.linear_grad_input(kernels, t["grad_y"], t["weight"])
-        dw, db = nn.linear_grad_weight(kernels, t["grad_y"], t["x"], True)
+        dw, db, held = nn.linear_grad_weight(kernels, t["grad_y"], t["x"], True)
+        assert held is None  # no side stream asked for: ran on the current one
         mine = {**t, "y": y, "grad_x": dx, "grad_weight": dw, "grad_bias": db}
         checked = set()
         for launch in launches[start:]:

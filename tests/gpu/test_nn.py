@@ -115,10 +115,12 @@ def test_an_exported_bundle_runs_without_the_store(tmp_path):
     assert ours.kernels.used(linear_problems(48, 96, 80, DType.fp32, True)[Layout.forward], x.device) == spec.name
 
 
-def test_cuda_graph_replay_equals_eager():
-    from codegen.nn import Linear, kernels_from
+@pytest.mark.parametrize("overlap", [True, False])
+def test_cuda_graph_replay_equals_eager(overlap):
+    """Captured with dW on the side stream (overlap) or all on one stream: replays equal eager calls."""
+    from codegen.nn import Kernels, Linear
 
-    kernels = kernels_from(SeedKernels())
+    kernels = Kernels(SeedKernels(), overlap_backward=overlap)
     torch.manual_seed(2)
     layer = torch.nn.Linear(88, 40, device="cuda")
     ours = Linear.from_linear(layer, kernels)
@@ -149,6 +151,52 @@ def test_cuda_graph_replay_equals_eager():
         for c, e in zip(captured, eager, strict=True):
             assert torch.equal(c, e)
     assert _ran(kernels, linear_problems(24, 88, 40, DType.fp32, True)[Layout.forward], x.device) != "torch"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_backward_runs_dw_on_the_side_stream_and_waits_for_it(dtype, monkeypatch):
+    """With overlap (the default) dW's kernels launch on the layer's side stream and dX's on the
+    current one, and the gradients returned are right once the current stream alone is synchronized;
+    with overlap off every launch is on the current stream."""
+    from codegen import cuda
+    from codegen.nn import Kernels, Linear
+
+    streams = []
+    launch = cuda.launch_prepared
+
+    def recording(func, grid, block, smem, stream, params, cluster=(1, 1, 1)):
+        streams.append(int(stream))
+        return launch(func, grid, block, smem, stream, params, cluster)
+
+    monkeypatch.setattr(cuda, "launch_prepared", recording)
+    torch.manual_seed(6)
+    td = TORCH[dtype]
+    layer = torch.nn.Linear(520, 264, device="cuda", dtype=td)
+    x = torch.randn(67, 520, device="cuda", dtype=td, requires_grad=True)
+    dy = torch.randn(67, 264, device="cuda", dtype=td)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, layer.weight, layer.bias))
+    torch.nn.functional.linear(x64, w64, b64).backward(dy.double())
+    for overlap in (True, False):
+        kernels = Kernels(SeedKernels(), overlap_backward=overlap)
+        ours = Linear.from_linear(layer, kernels)
+        main = torch.cuda.Stream()
+        with torch.cuda.stream(main):
+            y = ours(x)
+            forward = len(streams)
+            gx, gw, gb = torch.autograd.grad(y, [x, layer.weight, layer.bias], dy)
+        main.synchronize()  # only the stream the step ran on
+        tol = DType(dtype).rel_tol
+        assert _rel(gx, x64.grad) < tol and _rel(gw, w64.grad) < tol and _rel(gb, b64.grad) < tol
+        problems = linear_problems(67, 520, 264, DType(dtype), True)
+        assert all(_ran(kernels, p, x.device) != "torch" for p in problems.values())
+        backward = streams[forward:]
+        del streams[:]
+        assert backward
+        side = kernels._side[x.device.index or 0].cuda_stream if overlap else None
+        if overlap:
+            assert side in backward and main.cuda_stream in backward  # dW there, dX here
+        else:
+            assert set(backward) == {main.cuda_stream} and not kernels._side
 
 
 def test_no_grad_and_autocast():
