@@ -12,8 +12,8 @@ counts the host's work before each launch (Python, autograd, codegen.nn's lookup
 each case is also timed as ``cuda_graph``: both layers' calls (train: forward + autograd.grad) captured
 in a CUDA graph after a warm-up on a side stream, and the graph's replays timed the same way, so the
 figure is the GPU's time without the host's launch cost; each record says which (``timing``). ``--backward``
-times ours in training with dW on a side stream beside dX (``overlap``, codegen.nn's default) and/or both
-on one stream (``serial``); each train record's ``ours.backward`` says which. Kernels come from the
+times ours in training with both backward GEMMs on one stream (``serial``, codegen.nn's default) and/or dW
+on a side stream beside dX (``overlap``); each train record's ``ours.backward`` says which. Kernels come from the
 bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
 search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
 torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
@@ -37,7 +37,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
 MODES = ("forward", "train")
 TIMINGS = ("eager", "cuda_graph")
-BACKWARDS = ("overlap", "serial")
+BACKWARDS = ("serial", "overlap")
 DTYPES = ("bf16", "fp32")
 BATCHES = (32, 4096)
 FLUSH_BYTES = 256 << 20
@@ -237,8 +237,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True,
                    help="layers with a bias, as nn.Linear's default (--no-bias: without)")
     p.add_argument("--backward", nargs="+", choices=BACKWARDS, default=[BACKWARDS[0]],
-                   help="train cases: ours with dW on a side stream beside dX (overlap, the layer's default) "
-                        "and/or both on one stream (serial), each timed and recorded")
+                   help="train cases: ours with both backward GEMMs on one stream (serial, the layer's default) "
+                        "and/or dW on a side stream beside dX (overlap), each timed and recorded")
     p.add_argument("--graphs", action="store_true",
                    help="also time each case as CUDA graph replays (GPU time without the host's launch cost); "
                         "records say `timing`: eager or cuda_graph")
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases(args.batches, args.dtypes, args.modes, args.bias):
         for timing in timings(args):
             for backward in (args.backward if case.mode == "train" else [None]):
-                kernels.overlap_backward = backward != "serial"
+                kernels.overlap_backward = backward == "overlap"
                 ours, base, gemms, rel = measure(case, kernels, args.reps, timing=timing)
                 records.append(record(case, ours, base, gemms, rel, selection, timing, backward))
                 print(table(records[-1:]).splitlines()[1], flush=True)

@@ -89,7 +89,7 @@ def test_graphs_add_cuda_graph_records_beside_the_eager_ones():
 
 def test_train_records_say_how_the_backward_ran():
     """--backward: train records carry ``ours.backward`` (overlap or serial), forward records do not."""
-    assert lt.parser().parse_args([]).backward == ["overlap"]
+    assert lt.parser().parse_args([]).backward == ["serial"]
     assert lt.parser().parse_args(["--backward", "overlap", "serial"]).backward == ["overlap", "serial"]
     with pytest.raises(SystemExit):
         lt.parser().parse_args(["--backward", "parallel"])

@@ -155,7 +155,7 @@ def test_cuda_graph_replay_equals_eager(overlap):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_the_backward_runs_dw_on_the_side_stream_and_waits_for_it(dtype, monkeypatch):
-    """With overlap (the default) dW's kernels launch on the layer's side stream and dX's on the
+    """With overlap (off by default) dW's kernels launch on the layer's side stream and dX's on the
     current one, and the gradients returned are right once the current stream alone is synchronized;
     with overlap off every launch is on the current stream."""
     from codegen import cuda
