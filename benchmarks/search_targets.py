@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--sampler", default="local")
         p.add_argument("--big", type=int, default=1000)
         p.add_argument("--small", type=int, default=200)
-        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2],
+                       help="seeds of the short unseeded searches (none: only the warm starts and references)")
         p.add_argument("--warm", type=int, default=30)
         p.add_argument("--replay", type=Path, nargs="+", default=None,
                        help="one recording per shape: the searches answer from them, no GPU (tests)")
