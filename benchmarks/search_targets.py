@@ -22,7 +22,7 @@ So the short searches are held to the strongest reference this plan has: unseede
 ended (budget reached) is not run again, so the plan resumes across device calls when ``DIR`` is
 carried from one to the next. At the deadline the search running is sent SIGTERM (it stores what it
 measured and marks its run ended) and resumes next time. ``report`` reads the stores and writes
-``search-targets-<device>-<date>.json`` (DESIGN.md's results format, with a ``targets`` block).
+``search-targets-<device>-<date of the last step>.json`` (DESIGN.md's results format, with a ``targets`` block).
 """
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"search_targets report: no completed long search in {d}", file=sys.stderr)
         return 1
     date = min(s["started"] for s in steps)[:19].replace("+00:00", "") + "Z"
-    doc = {"suite": "search-targets", "date": date, "device": device, "versions": versions,
+    last = max(s["started"] for s in steps)[:19].replace("+00:00", "") + "Z"  # names the file: more steps, a new file
+    doc = {"suite": "search-targets", "date": date, "last_step_started": last, "device": device, "versions": versions,
            "command": "python3 -m benchmarks.search_targets run (steps in `steps`), then report",
            "settings": {"shapes": seen, "big": args.big, "small": args.small, "seeds": args.seeds, "warm": args.warm,
                         "family": args.family, "sampler": args.sampler, "threshold": THRESHOLD,
@@ -288,7 +289,7 @@ def cmd_report(args: argparse.Namespace) -> int:
            "steps": [{k: s[k] for k in ("step", "rc", "started", "wall_s", "command")} for s in steps],
            "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"search-targets-{(device or 'unknown').replace(' ', '_')}-{date[:10]}T{date[11:19].replace(':', '')}Z.json"
+    name = f"search-targets-{(device or 'unknown').replace(' ', '_')}-{last[:10]}T{last[11:19].replace(':', '')}Z.json"
     path = args.out / name
     path.write_text(json.dumps(doc, indent=1) + "\n")
     for r in records:
