@@ -395,3 +395,21 @@ def test_the_odd_probe_keeps_a_partial_k_tile_for_kernels_that_need_16_byte_rows
     assert probe_for(BIG, Spec()) == Problem(67, 45, 88, DType.bf16)  # 91 breaks TMA's pitch; 88 = 64 + 24
     assert probe_for(BIG, Spec(prepass="pack")) == Problem(67, 45, 91, DType.bf16)
     assert probe_for(BIG, TcSpec()) == probe_for(BIG) == Problem(67, 45, 91, DType.bf16)
+
+
+def test_interior_tiles_store_whole_16_byte_row_chunks():
+    """Tiles of BN a multiple of 32 render store_rows (quad shuffles, then one 16-byte store per lane
+    and 8 columns) beside the pairwise stores edge tiles keep; the SASS has the 16-byte stores. Tiles
+    of 16 columns (blocks of 16) keep only the pairwise stores. The GPU tier checks both paths'
+    results (interior tiles of N % 8 == 0, and N = 250 or 45 for the other)."""
+    import re
+
+    for spec in (Spec(), Spec(bm=64, bn=96, consumers=1, stages=4), Spec(block=32, bn=32, bm=128, stages=4)):
+        src = render(spec)
+        assert "store_rows(Y, B, acc, row0, col0, N)" in src and src.count("__shfl_xor_sync") == 4, spec.name
+    assert "store_rows" not in render(Spec(block=16, bn=16, bm=128, stages=16, persistent=True, grouped=True))
+    spec = Spec()
+    ((_, text),) = compile_all([spec]).values()
+    code = sass.functions(text)[spec.name]
+    assert len(re.findall(r"STG\.E\.128", code)) == spec.frag_m * 2 * spec.bn // 32  # per thread and tile
+    assert sass.opcodes(text, spec.name)["SHFL"] == 4 * spec.frag_m * 2 * spec.bn // 32
