@@ -1,6 +1,7 @@
 """``codegen`` command line: compile, bench, search, sweep, export, results, app.
 
-``--family NAME`` picks a kernel family (default simt); the variant options are that family's own,
+``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
+times and default to the dtype's families, codegen.tune.DEFAULT_FAMILIES); the variant options are that family's own,
 built from its spec's fields (``codegen bench --family NAME --help`` lists them).
 
 Exit codes: 0 done; 1 it ran and the answer is a failure (a kernel failed, nothing was found, an
@@ -906,7 +907,7 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     from codegen.versions import versions
     from search.measure import NoGpu, ReplayError, ReplayMeasurer
 
-    family = family_of_args(args)
+    asked = args.family  # None: each dtype's default families (codegen.tune.DEFAULT_FAMILIES)
     space_name = "restricted" if args.restricted else "full"
     seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
     results_skipped = []
@@ -915,9 +916,10 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
             recorded = ReplayMeasurer(args.replay)
         except ReplayError as e:
             raise UsageError(str(e)) from None
-        if args.family and args.family != recorded.space.family:
-            raise UsageError(f"{args.replay} records the {recorded.space.family} family, not {args.family}")
-        family, space_name = recorded.space.family, "replay"
+        if asked and set(asked) != {recorded.space.family}:
+            raise UsageError(f"{args.replay} records the {recorded.space.family} family, not "
+                             f"{', '.join(dict.fromkeys(asked))}")
+        space_name = "replay"
         for p in [p for p in problems if p != recorded.problem]:
             print(f"skip {p.key}: {args.replay} records {recorded.problem.key}", file=sys.stderr)
             results_skipped.append(p)
@@ -939,7 +941,7 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
         return search_seeds(seeding, problem, space, space_name, measurer, store)
 
     try:
-        results = tune(problems, family, make_measurer, budget=args.budget, store=store, sampler=args.sampler,
+        results = tune(problems, list(dict.fromkeys(asked)) if asked else None, make_measurer, budget=args.budget, store=store, sampler=args.sampler,
                        seed=args.seed, restricted=args.restricted, progress=not args.quiet,
                        say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
                        command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
@@ -956,17 +958,27 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
 
 
 def tuning_table(results: list, not_recorded: list | None = None) -> str:
-    """One line per GEMM: layout, problem, what it serves, and the best kernel or why none."""
+    """One line per GEMM and family searched: layout, problem, the best kernel or why none, and what it
+    serves; where several families ran a GEMM, ``*`` marks the fastest (what a bundle takes)."""
+    fastest: dict = {}
+    for r in results:
+        best = r.summary.best if r.summary is not None else None
+        if best and best["tflops"] > fastest.get(r.problem, (None, -1.0))[1]:
+            fastest[r.problem] = (r, best["tflops"])
+    several = {p for p in fastest
+               if sum(r.problem == p and r.summary is not None and bool(r.summary.best) for r in results) > 1}
     lines = [f"{'layout':12s} {'problem':34s} {'best kernel':62s} {'TFLOP/s':>8s} {'x cuBLAS':>8s}  layers"]
     for r in results:
         layers = ", ".join(dict.fromkeys(r.layers))
         best = r.summary.best if r.summary is not None else None
         if best:
             ratio = best.get("ratio", {}).get("cublas")
+            mark = " *" if r.problem in several and fastest[r.problem][0] is r else ""
             lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {best['kernel']:62s} "
-                         f"{best['tflops']:8.2f} {(f'{ratio:.3f}' if ratio else '-'):>8s}  {layers}")
+                         f"{best['tflops']:8.2f} {(f'{ratio:.3f}' if ratio else '-'):>8s}  {layers}{mark}")
         else:
-            why = f"skipped: {r.skipped}" if r.skipped else f"no ok kernel: {r.summary.stopped}"
+            why = f"skipped ({r.family}): {r.skipped}" if r.skipped and r.family else \
+                f"skipped: {r.skipped}" if r.skipped else f"no ok kernel: {r.summary.stopped}"
             lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {why[:62]:62s} {'-':>8s} {'-':>8s}  {layers}")
     for p in not_recorded or []:
         lines.append(f"{p.layout.value:12s} {p.key:34s} {'skipped: not in the recording':62s} {'-':>8s} {'-':>8s}")
@@ -1142,8 +1154,11 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     """What tune-linear and tune-model share with ``codegen search``."""
-    add_family_arg(p, "whose space is searched")
-    p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM")
+    p.add_argument("--family", choices=families.names(), action="append", default=None,
+                   help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
+                        "each; the store keeps all and a bundle takes the fastest). default per dtype: fp32 simt, "
+                        "tf32 tensorcore, fp16 and bf16 tensorcore and hopper (skipped with its reason off sm_90)")
+    p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM and family")
     p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
                    help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")

@@ -2,8 +2,10 @@
 
 ``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), ``generated`` says
 whether a family generates a problem at all (today the families refuse the backward layouts), and
-``tune`` runs the search (search.runner.run_search, as ``codegen search`` calls it) for each, with
-one progress bar over all trials. Finding a model's layers needs torch (``linear_layers``).
+``tune`` runs the search (search.runner.run_search, as ``codegen search`` calls it) for each, in
+each family asked for (by default ``DEFAULT_FAMILIES`` of the problem's dtype; the store keeps every
+family's results, and a bundle or codegen.nn takes the fastest), with one progress bar over all
+trials. Finding a model's layers needs torch (``linear_layers``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from pathlib import Path
 
 from codegen.problem import DType, Layout, Problem, linear_problems
 
-__all__ = ["LayerShape", "TuneResult", "generated", "layer_problems", "linear_layers", "load_model", "tune"]
+__all__ = ["DEFAULT_FAMILIES", "LayerShape", "TuneResult", "generated", "layer_problems", "linear_layers", "load_model",
+           "tune"]
+
+#: The families a layer's GEMMs are tuned in when none is named, per dtype: 16-bit layers in both
+#: tensor-core families (on the H200 the Hopper family wins at 256 rows and more and in the batch-32
+#: weight gradient, the mma.sync family in the batch-32 forward and input gradient; a GPU without
+#: sm_90 skips Hopper with its reason).
+DEFAULT_FAMILIES = {DType.fp32: ("simt",), DType.tf32: ("tensorcore",), DType.fp16: ("tensorcore", "hopper"),
+                    DType.bf16: ("tensorcore", "hopper")}
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class TuneResult:
     layers: list[str] = field(default_factory=list)  # names of the layers it serves
     skipped: str = ""
     summary: object | None = None
+    family: str = ""
 
 
 def layer_problems(shapes: dict[LayerShape, list[str]]) -> dict[Problem, list[str]]:
@@ -98,15 +109,17 @@ class _Counting:
         return done
 
 
-def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callable[[Problem], object], *,
+def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[Problem], object], *,
          budget: int, store=None, sampler: str = "tpe", seed: int = 0, restricted: bool = False,
          progress: bool = True, say: Callable[[str], None] = print, seeds_for=None, command: str = "",
          versions: dict | None = None, space=None) -> list[TuneResult]:
-    """Search each problem once (``family``'s space, ``budget`` evaluated trials each), skipping with
-    one line each a problem the family does not generate. ``make_measurer(problem)`` gives the
-    measurer (closed here); ``space`` the space searched (default: the family's, full or restricted);
-    ``seeds_for(problem, space, measurer, store)`` the seeding (a
-    search.warm.Seeding), default the family's built-in seeds. One tqdm bar counts all trials."""
+    """Search each problem once per family (``families``: a name, several, or None for
+    ``DEFAULT_FAMILIES`` of each problem's dtype; ``budget`` evaluated trials each), skipping with one
+    line each a problem a family does not generate, also on the measurer's device (the Hopper family
+    off sm_90). ``make_measurer(problem)`` gives the measurer (closed here); ``space`` the space
+    searched (a replay's; default: each family's, full or restricted); ``seeds_for(problem, space,
+    measurer, store)`` the seeding (a search.warm.Seeding), default the family's built-in seeds. One
+    tqdm bar counts all trials. Results come per problem, in family order."""
     from tqdm import tqdm
 
     from search.runner import run_search
@@ -116,22 +129,33 @@ def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callabl
     results: list[TuneResult] = []
     todo = []
     for problem, layers in problems.items():
-        space_here = space if space is not None else space_for(family, problem.dtype, restricted, block=problem.block,
-                                                                 layout=problem.layout)
-        why = generated(problem, space_here)
-        if why is not None:
-            say(f"skip {problem.key}: the {family} family generates no kernel for it ({why})")
-            results.append(TuneResult(problem, layers, skipped=why))
-        else:
-            todo.append((problem, layers, space_here))
-    bar = tqdm(total=budget * len(todo), desc=f"tuning {len(todo)} GEMM{'s' if len(todo) != 1 else ''}",
+        asked = (space.family,) if space is not None else (families,) if isinstance(families, str) else \
+            tuple(families) if families else DEFAULT_FAMILIES[problem.dtype]
+        for family in asked:
+            space_here = space if space is not None else space_for(family, problem.dtype, restricted,
+                                                                     block=problem.block, layout=problem.layout)
+            why = generated(problem, space_here)
+            if why is not None:
+                say(f"skip {problem.key}: the {family} family generates no kernel for it ({why})")
+                results.append(TuneResult(problem, layers, skipped=why, family=family))
+            else:
+                todo.append((problem, layers, family, space_here))
+    bar = tqdm(total=budget * len(todo), desc=f"tuning {len(todo)} search{'es' if len(todo) != 1 else ''}",
                unit="trial", disable=not progress or not todo, dynamic_ncols=True, file=sys.stderr)
     try:
-        for problem, layers, space_here in todo:
-            bar.set_postfix_str(problem.key, refresh=True)
+        for problem, layers, family, space_here in todo:
+            bar.set_postfix_str(f"{problem.key} {family}", refresh=True)
             start = bar.n
             measurer = make_measurer(problem)
             try:
+                limits = getattr(measurer, "limits", None)
+                why = generated(problem, space_here, limits) if limits is not None and space is None else None
+                if why is not None:  # e.g. the Hopper family on a GPU without sm_90
+                    bar.write(f"skip {problem.key}: the {family} family generates no kernel for it here ({why})",
+                              file=sys.stderr)
+                    results.append(TuneResult(problem, layers, skipped=why, family=family))
+                    bar.update(max(0, start + budget - bar.n))
+                    continue
                 if seeds_for is not None:
                     points = seeds_for(problem, space_here, measurer, store).points
                 else:
@@ -144,13 +168,14 @@ def tune(problems: dict[Problem, list[str]], family: str, make_measurer: Callabl
             finally:
                 measurer.close()
             bar.update(max(0, start + budget - bar.n))  # a search that stopped early (or resumed) fills its share
-            results.append(TuneResult(problem, layers, summary=summary))
+            results.append(TuneResult(problem, layers, summary=summary, family=family))
             best = summary.best
-            bar.write(f"{problem.key}: " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
-                                            else f"no ok kernel ({summary.stopped})"), file=sys.stderr)
+            bar.write(f"{problem.key} ({family}): " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
+                                                       else f"no ok kernel ({summary.stopped})"), file=sys.stderr)
     finally:
         bar.close()
-    return results
+    order = {p: i for i, p in enumerate(problems)}
+    return sorted(results, key=lambda r: order[r.problem])  # stable: family order within a problem
 
 
 # ---- models (torch) ---------------------------------------------------------------------------------

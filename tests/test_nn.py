@@ -125,7 +125,66 @@ def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsy
     assert asked == [Problem(32, 4096, 4096)]
     assert "skip 32x4096x4096_fp32_grad_input: the simt family generates no kernel for it (fake: no grad_input)" in err
     assert "skip 4096x4096x32_fp32_grad_weight" in err
-    assert "skipped: fake: no grad_weight" in out
+    assert "skipped (simt): fake: no grad_weight" in out
+
+
+class _FakeSummary:
+    def __init__(self, kernel: str, tflops: float) -> None:
+        self.best, self.stopped = {"kernel": kernel, "tflops": tflops, "ratio": {}}, ""
+
+
+@pytest.mark.parametrize("sm,searched", [(90, {"tensorcore", "hopper"}), (80, {"tensorcore"})])
+def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeypatch, sm, searched):
+    """No family named: each GEMM of a bf16 layer is searched in the tensor-core family and the Hopper
+    family, in that order; on a GPU without sm_90 the Hopper searches are skipped with their reason,
+    once the measurer says what the GPU is. run_search is REPLACED by a recorder (no GPU here)."""
+    from codegen import tune as tune_mod
+    from codegen.spec import DeviceLimits
+    from search import runner
+
+    ran = []
+
+    def fake_run_search(problem, space, measurer, **kw):
+        ran.append((problem.layout, space.family))
+        return _FakeSummary(f"{space.family}-{problem.layout.value}", {"hopper": 2.0}.get(space.family, 1.0))
+
+    class Measurer:
+        limits = DeviceLimits.for_arch(sm)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(runner, "run_search", fake_run_search)
+    said = []
+    problems = layer_problems({LayerShape(256, 512, 512, DType.bf16, True): ["layer"]})
+    results = tune_mod.tune(problems, None, lambda p: Measurer(), budget=3, progress=False, say=said.append)
+    assert [(r.problem.layout, r.family) for r in results] == [(p.layout, f) for p in problems
+                                                               for f in ("tensorcore", "hopper")]
+    assert {f for _, f in ran} == searched and len(ran) == 3 * len(searched)
+    skipped = [r for r in results if r.skipped]
+    assert len(skipped) == 3 - 3 * (len(searched) - 1) and all("sm_90" in r.skipped for r in skipped)
+    table = cli.tuning_table(results).splitlines()
+    marked = [line for line in table if line.endswith(" *")]
+    assert len(marked) == (3 if sm == 90 else 0) and all("hopper-" in line for line in marked)
+    assert tune_mod.tune(layer_problems({LayerShape(8, 64, 64, DType.fp32, False): ["x"]}), None,
+                         lambda p: Measurer(), budget=1, progress=False, say=said.append)[0].family == "simt"
+
+
+def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(capsys, monkeypatch):
+    seen = {}
+
+    def record(problems, families, *a, **kw):
+        seen["families"] = families
+        return []
+
+    monkeypatch.setattr("codegen.tune.tune", record)
+    monkeypatch.setattr(cli, "check_cache", lambda: None)
+    code, out, err = run(["tune-linear", *LAYER, "--dtype", "bf16", "--family", "hopper", "--family", "tensorcore",
+                          "--family", "hopper", "--no-store", "--quiet"], capsys)
+    assert seen["families"] == ["hopper", "tensorcore"]
+    code, out, err = run(["tune-linear", *LAYER, "--family", "tensorcore", "--replay", str(RECORDING), "--no-store"],
+                         capsys)
+    assert code == 2 and "records the simt family, not tensorcore" in err
 
 
 @pytest.mark.parametrize("argv,needle", [
