@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             "problem": {**problem.to_dict(), "density": 1.0, "block": None},
             "ours": {"kernel": best["kernel"], "median_ms": best["median_ms"], "p20_ms": best["p20_ms"],
                      "p80_ms": best["p80_ms"], "tflops": best["tflops"], "gbps": best["gbps"],
-                     "search": {"sampler": run["sampler"], "budget": run["budget"], "space": run["study_name"].split(":")[2],
+                     "search": {"sampler": run["sampler"], "budget": run["budget"], "space": run["study_name"].split(":")[2].split("-")[-1],
                                 "evaluated": summary["evaluated"], "end_to_end_wall_s": wall,
                                 "search_wall_s": round(summary["wall_s"], 1),
                                 "gpu_waited_for_compiles_s": round(summary["gpu_wait_s"], 2),

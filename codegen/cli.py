@@ -600,7 +600,7 @@ def search_seeds(args: argparse.Namespace, problem: Problem, space, space_name: 
 
     if args.no_seeds:
         return warm.no_seeds("no seeds (--no-seeds)")
-    name = study_name(problem, space_name, args.sampler, args.seed, measurer.device.get("name", "?"))
+    name = study_name(problem, space.family, space_name, args.sampler, args.seed, measurer.device.get("name", "?"))
     if warm.study_started(store, name):
         return warm.resumed(name)
     if args.no_warm_start or store is None:

@@ -136,8 +136,11 @@ class Summary:
         return lines
 
 
-def study_name(problem: Problem, space_name: str, sampler: str, seed: int | None, device: str) -> str:
-    return f"gemmscape:{problem.key}:{space_name}:{sampler}:seed{seed}:{device}"
+def study_name(problem: Problem, family: str, space_name: str, sampler: str, seed: int | None, device: str) -> str:
+    """The study's name in the store (its runs share it, and the budget is counted over them): one
+    per problem, family and space, sampler, seed and device, so searches of two families of one
+    problem are two studies, each with its own budget."""
+    return f"gemmscape:{problem.key}:{family}-{space_name}:{sampler}:seed{seed}:{device}"
 
 
 def failure_signature(status: str, evidence: str, kernel: str) -> tuple[str, str]:
@@ -339,7 +342,7 @@ class _Search:
         self.lookahead = max(lookahead, getattr(measurer, "lookahead", 0) or 0)  # several GPUs want more
         self.max_same_failures = max_same_failures
         self.sampler, self.seed = sampler, seed
-        self.name = study_name(problem, space_name, sampler, seed, measurer.device.get("name", "?"))
+        self.name = study_name(problem, space.family, space_name, sampler, seed, measurer.device.get("name", "?"))
         self.limits = measurer.limits
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

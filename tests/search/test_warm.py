@@ -364,7 +364,7 @@ def test_cli_resumed_study_lists_no_seeds(history, capsys):
     assert run(argv, capsys)[0] == 0
     code, out, err = run([*argv[:-1], "--budget", "5"], capsys)
     assert code == 0, err
-    assert f"resuming study gemmscape:4096x4096x4096_fp32_forward:replay:{DEFAULT_SAMPLER}:seed0:" in out
+    assert f"resuming study gemmscape:4096x4096x4096_fp32_forward:simt-replay:{DEFAULT_SAMPLER}:seed0:" in out
     assert "  seed " not in out
 
 
@@ -381,3 +381,27 @@ def test_cli_help_says_what_the_seed_flags_do(capsys):
     code, out, _ = run(["search", "--help"], capsys)
     assert code == 0
     assert "--no-warm-start" in out and "--no-seeds" in out and "nearest problems" in out
+
+
+def test_two_families_searching_one_problem_are_two_studies_each_with_its_own_budget(tmp_path):
+    """The study name (its runs share the budget in the store) holds the family: a second family's
+    search of a problem already searched gets its budget, not the first's leftovers. The second
+    family here is the simt replay space under another family's name (its points still build simt
+    kernels the recording answers), since no recording holds one problem in two families."""
+    from search.runner import run_search
+    from search.space import Space, to_spec
+
+    class Renamed(Space):
+        def spec(self, point, problem):
+            return to_spec("simt", point, problem)
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    first = ReplayMeasurer(RECORDING)
+    a = run_search(first.problem, first.space, first, sampler="random", seed=0, budget=4, store=store,
+                   space_name="replay", progress=False)
+    second = ReplayMeasurer(RECORDING)
+    b = run_search(second.problem, Renamed("tensorcore", first.space.dims), second, sampler="random", seed=0, budget=4,
+                   store=store, space_name="replay", progress=False)
+    assert ":simt-replay:" in a.study and ":tensorcore-replay:" in b.study
+    assert a.evaluated == 4 and b.evaluated == 4, (a.stopped, b.stopped)
+    assert store.used_budget(a.study) == 4 and store.used_budget(b.study) == 4
