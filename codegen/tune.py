@@ -1,7 +1,8 @@
 """Tuning whole layers and models: the three GEMMs of each linear layer, each searched once.
 
 ``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), ``generated`` says
-whether a family generates a problem at all (today the families refuse the backward layouts), and
+whether a family generates a problem at all (e.g. not Hopper's backward GEMMs of rows that break
+TMA's 16-byte rule, nor any Hopper kernel off sm_90), and
 ``tune`` runs the search (search.runner.run_search, as ``codegen search`` calls it) for each, in
 each family asked for (by default ``DEFAULT_FAMILIES`` of the problem's dtype; the store keeps every
 family's results, and a bundle or codegen.nn takes the fastest), with one progress bar over all
