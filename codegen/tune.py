@@ -1,4 +1,4 @@
-"""Tuning whole layers and models: the three GEMMs of each linear layer, each searched once.
+"""Tuning whole layers and models: the three GEMMs of each linear layer, each searched once per family.
 
 ``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), ``generated`` says
 whether a family generates a problem at all (e.g. not Hopper's backward GEMMs of rows that break
