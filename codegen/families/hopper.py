@@ -173,6 +173,8 @@ class Spec(SpecData):
     split_k: int = field(default=1, metadata={"help": "K split over the grid, reduced by a second pass (1: no split)"})
     a_regs: bool = field(default=False, metadata={"help": "consumers load X's fragments from shared memory into registers "
                                                           "(ldmatrix) for wgmma with A from registers"})
+    swap: bool = field(default=False, metadata={"help": "W's tile is wgmma's A and X's rows its N side (wgmma N = "
+                                                        "bm/consumers): wide wgmma for narrow W tiles (a sparse block row)"})
 
     family: ClassVar[str] = NAME
 
@@ -183,12 +185,13 @@ class Spec(SpecData):
                 f"_c{self.consumers}_s{self.stages}_g{self.group_m}{'_ps' if self.persistent else ''}{'g' if self.grouped else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{f'_bsr{self.block}' if self.block else ''}"
                 f"{f'_o{self.ctas}' if self.ctas != 1 else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}"
-                f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{'_ar' if self.a_regs else ''}{LAYOUT_SUFFIX[self.layout]}")
+                f"{f'_k{self.split_k}' if self.split_k != 1 else ''}{'_ar' if self.a_regs else ''}{'_sw' if self.swap else ''}"
+                f"{LAYOUT_SUFFIX[self.layout]}")
 
     _NAME = re.compile(
         r"hp_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)_c(?P<consumers>\d+)"
         r"_s(?P<stages>\d+)_g(?P<group_m>\d+)(?P<persistent>(_ps)?)(?P<grouped>g?)(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?"
-        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?P<a_regs>(_ar)?)(?:_(?P<layout>gi|gw))?"
+        r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?P<a_regs>(_ar)?)(?P<swap>(_sw)?)(?:_(?P<layout>gi|gw))?"
     )
 
     @classmethod
@@ -210,6 +213,7 @@ class Spec(SpecData):
             layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
             split_k=int(g.pop("split_k") or 1),
             a_regs=bool(g.pop("a_regs")),
+            swap=bool(g.pop("swap")),
             **{k: int(v) for k, v in g.items()},
         )
         if spec.name != name:
@@ -238,13 +242,18 @@ class Spec(SpecData):
 
     @property
     def frag_m(self) -> int:
-        """m64 wgmma row blocks per consumer warpgroup."""
-        return self.wg_m // WGMMA_M
+        """m64 wgmma row blocks per consumer warpgroup (of W's rows with ``swap``)."""
+        return (self.bn if self.swap else self.wg_m) // WGMMA_M
+
+    @property
+    def wg_n(self) -> int:
+        """wgmma's N: W's tile rows, or with ``swap`` the consumer's rows of X."""
+        return self.wg_m if self.swap else self.bn
 
     @property
     def acc_regs(self) -> int:
         """fp32 accumulators per consumer thread."""
-        return self.frag_m * self.bn // 2
+        return self.frag_m * self.wg_n // 2
 
     @property
     def threads(self) -> int:
@@ -302,7 +311,19 @@ class Spec(SpecData):
             return why
         if limits.sm != 90:
             why.append(f"the {NAME} family needs sm_90 (wgmma and setmaxnreg are sm_90a instructions), not sm_{limits.sm}")
-        if self.bm % (WGMMA_M * self.consumers):
+        if self.swap:
+            if self.bm % (16 * self.consumers) or not 16 <= self.wg_m <= 256:
+                why.append(f"bm {self.bm} must be a multiple of 16 x {self.consumers} consumer warpgroup(s) with swap "
+                           f"(each consumer's rows of X are wgmma's N, 16 to 256)")
+            if self.bn % WGMMA_M:
+                why.append(f"bn {self.bn} must be a multiple of 64 with swap (W's rows are wgmma's M side)"
+                           + (": swap needs blocks of 64" if self.block else ""))
+            for name, bad in (("layout", self.layout is not Layout.forward), ("cluster", self.cluster != 1),
+                              ("split_k", self.split_k != 1), ("a_regs", self.a_regs)):
+                if bad:
+                    why.append(f"swap is generated for the forward layout without cluster, split_k or a_regs: "
+                               f"{name} is {getattr(self, name).value if name == 'layout' else getattr(self, name)}")
+        elif self.bm % (WGMMA_M * self.consumers):
             why.append(f"bm {self.bm} must be a multiple of 64 x {self.consumers} consumer warpgroup(s)")
         if self.bn % 8 or not 8 <= self.bn <= 256:
             why.append(f"bn {self.bn} must be a multiple of 8 from 8 to 256 (wgmma N, TMA box rows)")
@@ -406,7 +427,7 @@ COMMENT = {
 def template_values(spec: Spec) -> dict:
     """Every number the template uses, computed here once."""
     values = spec.to_dict()
-    acc = spec.bn // 2
+    acc = spec.wg_n // 2
     box_bytes = MN_BOX * spec.elem * spec.bk  # a k-outer box: MN_BOX elements by bk k-rows
     values.update(
         name=spec.name,
@@ -415,6 +436,7 @@ def template_values(spec: Spec) -> dict:
         balanced=bool(spec.block and spec.persistent and not spec.grouped),
         threads=spec.threads,
         wg_m=spec.wg_m,
+        wg_n=spec.wg_n,
         frag_m=spec.frag_m,
         acc=acc,
         k_steps=spec.bk // WGMMA_K,
@@ -449,7 +471,7 @@ def template_values(spec: Spec) -> dict:
         w_slice_bytes=spec.w_slice_rows * spec.row_bytes,
         producer_regs=PRODUCER_REGS,
         consumer_regs=spec.consumer_regs,
-        wgmma_ptx=f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{spec.bn}k{WGMMA_K}.f32.{PTX_TYPE[spec.dtype]}.{PTX_TYPE[spec.dtype]}",
+        wgmma_ptx=f"wgmma.mma_async.sync.aligned.m{WGMMA_M}n{spec.wg_n}k{WGMMA_K}.f32.{PTX_TYPE[spec.dtype]}.{PTX_TYPE[spec.dtype]}",
         acc_operands=", ".join(f"%{i}" for i in range(acc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(acc)),
         pair_type=PAIR_TYPE[spec.dtype],

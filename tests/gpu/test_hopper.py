@@ -136,6 +136,24 @@ def test_a_regs_is_correct_on_aligned_shapes(evaluator, dtype, bias, params):
     assert_correct_on(evaluator, spec, ALIGNED)
 
 
+#: Swapped operands (W's tile as wgmma's A, X's rows as its N): small and large bm, one and two consumers.
+SWAP = [
+    dict(bm=32, bn=128, consumers=1, stages=6),
+    dict(bm=64, bn=64, consumers=1, stages=4),
+    dict(bm=128, bn=256, consumers=2, stages=4, persistent=True),
+    dict(bm=256, bn=64, consumers=1, stages=4),
+]
+SWAP_CASES = [(DType.bf16, bias, v) for v in SWAP for bias in (False, True)] + [(DType.fp16, True, SWAP[0])]
+
+
+@pytest.mark.parametrize("dtype,bias,params", SWAP_CASES,
+                         ids=[Spec(dtype=d, bias=b, swap=True, **v).name for d, b, v in SWAP_CASES])
+def test_swap_is_correct_on_aligned_shapes(evaluator, dtype, bias, params):
+    spec = Spec(dtype=dtype, bias=bias, swap=True, **params)
+    assert not spec.check(), spec.check()
+    assert_correct_on(evaluator, spec, ALIGNED)
+
+
 A_REGS_PACKED = [(DType.bf16, True, A_REGS[2]), (DType.fp16, False, A_REGS[1]), (DType.bf16, False, A_REGS[6])]
 
 

@@ -59,6 +59,11 @@ VARIANTS = [
     Spec(block=32, bn=32, bm=128, consumers=1, stages=6, ctas=2, persistent=True, dtype=DType.fp16),
     Spec(block=64, bn=64, bm=128, stages=4, ctas=2, persistent=True, grouped=True, bias=True),  # grouped order
     Spec(block=16, bn=16, bm=64, consumers=1, stages=8, persistent=True, grouped=True, group_m=4),
+    # swapped operands (W's block as wgmma's A, X's rows as its N)
+    Spec(block=64, bn=64, bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True, bias=True, swap=True),
+    Spec(block=64, bn=64, bm=256, stages=4, dtype=DType.fp16, swap=True),
+    Spec(block=64, bn=64, bm=256, consumers=1, stages=4, bias=True, swap=True),
+    Spec(block=64, bn=64, bm=32, consumers=1, stages=8, swap=True),
 ]
 
 
