@@ -66,6 +66,14 @@ loads and the wgmma that read them; the stage is handed back after the first k-s
 k-tile, when every wgmma of the previous one is done. Refused where X is k-outer (grad_weight: the
 register form has no transpose for A) and for blocks of 16 (one k-step per k-tile, so the two
 fragment sets could not alternate).
+``swap`` (forward layout; no cluster, split-K or a_regs) swaps wgmma's operands: W's tile (``bn`` rows, a
+multiple of 64: with a sparse W, blocks of 64) is A, its rows the M side in ``bn / 64`` m64 fragments, and
+each consumer's ``bm / consumers`` rows of X are B, wgmma's N (16 to 256). Both stay K-major in the same
+boxes, so the producer is unchanged. A one-block-row sparse tile then runs wgmma at N up to 256 instead
+of 64, which reads less shared memory per FLOP, and a batch of 32 fills its m64 instead of half of it.
+The accumulators hold Y's tile transposed; ``movmatrix.trans`` turns each converted pair back into the
+usual row layout, and interior tiles exchange pairs within each quad as ``store_rows`` does, then store
+16 bytes per lane.
 Needs sm_90 and compiles for sm_90a (wgmma and setmaxnreg are arch-specific).
 """
 
