@@ -31,53 +31,64 @@ from benchmarks.hopper_probe import TIMING, compare, emit, gpu_line, run_child, 
 
 #: Points of the sparse hopper space (search/spaces/hopper.py, block > 0): labels for the table.
 POINTS = [
-    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, grid="ranges", group_m=8, ctas=1)),
-    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, grid="ranges", group_m=8, ctas=1)),
-    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, grid="plain", group_m=8, ctas=1)),
-    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, grid="plain", group_m=8, ctas=2)),
-    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, grid="plain", group_m=8, ctas=2)),
-    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, grid="plain", group_m=8, ctas=1)),
-    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, grid="grouped", group_m=8, ctas=2)),
-    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=8, ctas=2)),
+    ("128 c2 s8 ps", dict(bm=128, stages=8, consumers=2, grid="ranges", group_m=8, ctas=1, swap=False)),
+    ("256 c2 s5 ps", dict(bm=256, stages=5, consumers=2, grid="ranges", group_m=8, ctas=1, swap=False)),
+    ("256 c2 s4", dict(bm=256, stages=4, consumers=2, grid="plain", group_m=8, ctas=1, swap=False)),
+    ("128 c2 s4 o2", dict(bm=128, stages=4, consumers=2, grid="plain", group_m=8, ctas=2, swap=False)),
+    ("128 c1 s4 o2", dict(bm=128, stages=4, consumers=1, grid="plain", group_m=8, ctas=2, swap=False)),
+    ("64 c1 s8", dict(bm=64, stages=8, consumers=1, grid="plain", group_m=8, ctas=1, swap=False)),
+    ("128 c2 s4 psg o2", dict(bm=128, stages=4, consumers=2, grid="grouped", group_m=8, ctas=2, swap=False)),
+    ("128 c1 s4 psg o2", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=8, ctas=2, swap=False)),
+    ("256 c2 s4 psg sw", dict(bm=256, stages=4, consumers=2, grid="grouped", group_m=8, ctas=1, swap=True)),
+    ("256 c1 s4 psg sw", dict(bm=256, stages=4, consumers=1, grid="grouped", group_m=8, ctas=1, swap=True)),
+    ("128 c1 s4 psg o2 sw", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=8, ctas=2, swap=True)),
+    ("64 c1 s8 sw", dict(bm=64, stages=8, consumers=1, grid="plain", group_m=8, ctas=1, swap=True)),
+    ("64 c1 s8 psg sw", dict(bm=64, stages=8, consumers=1, grid="grouped", group_m=8, ctas=1, swap=True)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]
 #: Points tried for block 64 only: persistent grids of two blocks per multiprocessor in grouped order
 #: (their balanced-range twins, "ps o2", were slower than the plain grid: hopper_sparse-...T034713Z.json;
-#: grouped ones were faster than both at densities 0.05-0.25: ...T055650Z.json).
-POINTS_64_ONLY = [6, 7]
-#: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency).
-POINTS_SMALL_M = [0, 3, 5]
+#: grouped ones were faster than both at densities 0.05-0.25: ...T055650Z.json), and swapped operands
+#: (W's block as wgmma's A, X's rows as its N: ``swap`` needs blocks of 64).
+POINTS_64_ONLY = [6, 7, 8, 9, 10, 11, 12]
+#: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency), the
+#: last two only there.
+POINTS_SMALL_M = [0, 3, 5, 11, 12]
+SMALL_M_ONLY = [5, 11, 12]
 DENSITIES = (0.05, 0.1, 0.25, 0.5)
 #: Blocks in the order they are probed; the budget may leave out the last.
 BLOCKS = (64, 32, 16)
 DTYPE = "bf16"
+#: The random pattern's seed (``--pattern-seeds``: several, to see how much the pattern moves a time).
+PATTERN_SEED = 7
 
 
-def problems(blocks=BLOCKS) -> list[tuple[int, int, int, int, float]]:
-    """(m, n, k, block, density) in probing order."""
+def problems(blocks=BLOCKS, seeds=(PATTERN_SEED,)) -> list[tuple[int, int, int, int, float, int]]:
+    """(m, n, k, block, density, pattern seed) in probing order."""
     out = []
     for block in blocks:
-        out += [(4096, 4096, 4096, block, d) for d in DENSITIES]
-        out.append((32, 4096, 4096, block, 0.1))
+        for seed in seeds:
+            out += [(4096, 4096, 4096, block, d, seed) for d in DENSITIES]
+            out.append((32, 4096, 4096, block, 0.1, seed))
     return out
 
 
-def jobs(blocks=BLOCKS) -> list[dict]:
+def jobs(blocks=BLOCKS, seeds=(PATTERN_SEED,)) -> list[dict]:
     """Every (point, problem) to run, grouped by problem so baselines are timed once per problem."""
     out = []
-    for m, n, k, block, density in problems(blocks):
+    for m, n, k, block, density, seed in problems(blocks, seeds):
         for i, (label, point) in enumerate(POINTS):
             if (block == 16 and i not in POINTS_16) or (m < 128 and i not in POINTS_SMALL_M) or (
-                    m >= 128 and i == 5) or (block != 64 and i in POINTS_64_ONLY):
+                    m >= 128 and i in SMALL_M_ONLY) or (block != 64 and i in POINTS_64_ONLY):
                 continue
             out.append({"id": len(out), "label": label, "point": point, "m": m, "n": n, "k": k, "block": block,
-                        "density": density})
+                        "density": density, "seed": seed})
     return out
 
 
 def problem_key(job: dict) -> str:
-    return f"{job['m']}x{job['n']}x{job['k']} b{job['block']} d{job['density']}"
+    return f"{job['m']}x{job['n']}x{job['k']} b{job['block']} d{job['density']} p{job.get('seed', PATTERN_SEED)}"
 
 
 # ---- the child process -------------------------------------------------------------------------------
@@ -154,10 +165,11 @@ def child(todo: list[dict], hang_s: float, torch_bsr: bool) -> int:
             if current is None or current[0] != key:
                 current = None
                 torch.cuda.empty_cache()
-                pattern = sparse.Pattern.random(job["n"], job["k"], job["block"], job["density"], seed=7)
+                pattern = sparse.Pattern.random(job["n"], job["k"], job["block"], job["density"],
+                                                 seed=job.get("seed", PATTERN_SEED))
                 problem = sparse.problem_for(job["m"], pattern, DType(DTYPE))
                 ops = SparseOperands(problem, pattern, torch)
-                base = {"nnzb": pattern.nnzb, "density": pattern.density}
+                base = {"nnzb": pattern.nnzb, "density": pattern.density, "pattern": pattern.hash}
                 base.update(_stats("cublas", engine.time_calls(lambda o=ops: torch.matmul(o.x, o.w_dense.t()), **TIMING)))
                 if torch_bsr:
                     try:
@@ -255,7 +267,8 @@ def design_doc(doc: dict) -> dict:
                      for name, v in baselines.items()}
         records.append({
             "problem": {"m": job["m"], "n": job["n"], "k": job["k"], "dtype": DTYPE, "layout": "forward",
-                        "bias": False, "density": best["density"], "block": job["block"], "nnzb": best["nnzb"]},
+                        "bias": False, "density": best["density"], "block": job["block"], "nnzb": best["nnzb"],
+                        "pattern_seed": job.get("seed", PATTERN_SEED), "pattern": best.get("pattern")},
             "ours": {"kernel": best["kernel"], "point": job["label"], "median_ms": best["ours_ms"],
                      "p20_ms": best["ours_p20"], "p80_ms": best["ours_p80"], "reps": best["ours_reps"],
                      "tflops": best["tflops"], "rel_error": best["rel_error"],
@@ -274,12 +287,12 @@ def design_doc(doc: dict) -> dict:
 
 def table(doc: dict) -> str:
     got = results(doc["runs"], doc["jobs"])
-    lines = [f"{'problem':26s} {'point':14s} {'status':14s} {'ours us':>9s} {'cuBLAS us':>10s} {'x cuBLAS':>9s} "
+    lines = [f"{'problem':30s} {'point':20s} {'status':14s} {'ours us':>9s} {'cuBLAS us':>10s} {'x cuBLAS':>9s} "
              f"{'BSR us':>9s} {'x BSR':>7s} {'rel err':>8s}"]
     for job in doc["jobs"]:
         r = got.get(job["id"])
         status = r["status"] if r else "not run"
-        row = f"{problem_key(job):26s} {job['label']:14s} {status[:14]:14s}"
+        row = f"{problem_key(job):30s} {job['label']:20s} {status[:14]:14s}"
         if r and "ours_ms" in r:
             bsr = r.get("torch_bsr_ms")
             row += (f" {r['ours_ms'] * 1e3:9.1f} {r['cublas_ms'] * 1e3:10.1f} {r['cublas_ms'] / r['ours_ms']:9.2f} "
@@ -297,11 +310,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=50.0, help="start no child after this many seconds (a child is stopped then too)")
     p.add_argument("--hang-s", type=float, default=5.0, help="a launch still running after this is a hang")
     p.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS), choices=BLOCKS, help="sparse block sizes")
+    p.add_argument("--pattern-seeds", nargs="+", type=int, default=[PATTERN_SEED], metavar="S",
+                   help=f"seeds of the random patterns, each a problem of its own (default {PATTERN_SEED})")
     p.add_argument("--no-torch-bsr", dest="torch_bsr", action="store_false", help="skip the torch BSR baseline")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.budget_s <= 0 or args.hang_s <= 0:
         p.error("--budget-s and --hang-s must be positive")
+    if min(args.pattern_seeds) < 0:
+        p.error("--pattern-seeds must be non-negative")
     return args
 
 
@@ -312,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     device = gpu_line()
     print(f"device: {device}", flush=True)
-    todo = jobs(tuple(args.blocks))
+    todo = jobs(tuple(args.blocks), tuple(args.pattern_seeds))
     runs: list[dict] = []
     left = list(todo)
     while left:

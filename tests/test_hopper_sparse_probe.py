@@ -21,8 +21,9 @@ def test_arguments_and_their_errors(capsys):
     args = probe.parse([])
     assert args.blocks == [64, 32, 16] and args.torch_bsr and args.budget_s == 50.0 and args.child is None
     args = probe.parse(["--blocks", "32", "--no-torch-bsr", "--budget-s", "30", "--out", "/tmp/x"])
-    assert args.blocks == [32] and not args.torch_bsr and args.out == "/tmp/x"
-    for bad in (["--blocks", "48"], ["--budget-s", "0"], ["--hang-s", "-1"]):
+    assert args.blocks == [32] and not args.torch_bsr and args.out == "/tmp/x" and args.pattern_seeds == [7]
+    assert probe.parse(["--pattern-seeds", "7", "0"]).pattern_seeds == [7, 0]
+    for bad in (["--blocks", "48"], ["--budget-s", "0"], ["--hang-s", "-1"], ["--pattern-seeds", "-2"]):
         with pytest.raises(SystemExit) as e:
             probe.parse(bad)
         assert e.value.code == 2
@@ -37,7 +38,11 @@ def test_jobs_cover_the_asked_problems_with_valid_points():
             assert (4096, 4096, 4096, block, d) in shapes
         assert (32, 4096, 4096, block, 0.1) in shapes
     assert [j["id"] for j in jobs] == list(range(len(jobs))) and jobs[0]["block"] == 64  # block 64 first
-    assert len(jobs) <= 70  # the 50-second budget
+    assert len(jobs) <= 90  # under a second each: the default 50 s budget reaches block 64's and most of 32's
+    assert {j["seed"] for j in jobs} == {probe.PATTERN_SEED}
+    two = probe.jobs((64,), (7, 0))
+    assert len({probe.problem_key(j) for j in two}) == 10 and {j["seed"] for j in two} == {7, 0}
+    assert sum(j["point"].get("swap", False) for j in two if j["m"] == 4096) == 3 * 8  # three swapped points
     for j in jobs:
         pattern = sparse.Pattern.random(j["n"], j["k"], j["block"], j["density"], seed=7)
         problem = sparse.problem_for(j["m"], pattern, DType.bf16)
@@ -71,7 +76,7 @@ def _run(jobs, events, ending="done", stderr=""):
 
 def _ok(job, ours, cublas, bsr=None):
     r = {"event": "result", "id": job["id"], "status": "ok", "kernel": f"hp_{job['label']}", "rel_error": 3e-3,
-         "nnzb": 410, "density": job["density"], "tflops": 100.0}
+         "nnzb": 410, "density": job["density"], "tflops": 100.0, "pattern": "b2c7aaf2c6bdd138"}
     for who, ms in (("ours", ours), ("cublas", cublas), ("torch_bsr", bsr)):
         if ms is not None:
             r.update({f"{who}_ms": ms, f"{who}_p20": ms * 0.98, f"{who}_p80": ms * 1.02, f"{who}_reps": 20})
@@ -99,7 +104,8 @@ def test_results_doc_and_table_from_runs_that_hung_midway():
     assert set(design) >= {"date", "versions", "command", "timing", "records"}
     first_rec = next(r for r in design["records"] if r["problem"]["density"] == 0.1)
     assert first_rec["problem"] == {"m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "layout": "forward",
-                                    "bias": False, "density": 0.1, "block": 64, "nnzb": 410}
+                                    "bias": False, "density": 0.1, "block": 64, "nnzb": 410, "pattern_seed": 7,
+                                    "pattern": "b2c7aaf2c6bdd138"}
     assert first_rec["ours"]["point"] == b["label"] and first_rec["ours"]["median_ms"] == 0.025
     assert set(first_rec["ours"]["others"]) == {a["label"]}
     assert first_rec["ratio"]["cublas"] == pytest.approx(7.0) and first_rec["ratio"]["torch_bsr"] == pytest.approx(12.0)

@@ -19,7 +19,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     so ``bn`` is the block (not sampled); the smaller stages allow deeper rings, and two blocks may
     share a multiprocessor (``ctas``), for rows that hold only a few kept blocks; its grid is one
     dimension, ``grid`` (plain, persistent over balanced ``ranges``, or persistent in ``grouped``
-    order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise). The backward layouts
+    order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise); with
+    blocks of 64, ``swap`` puts W's block on wgmma's M side and the tile's X rows on its N side (wgmma N
+    is ``bm / consumers`` instead of the block), for the forward layout. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
     have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension
     yet: it has not run on a GPU, and a search would spend half its trials on it unmeasured."""
@@ -42,6 +44,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         dims["grid"] = GRIDS
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
+        if block == 64 and Layout(layout) is Layout.forward:
+            dims["swap"] = (False, True)
     return Space(NAME, dims)
 
 
@@ -82,22 +86,27 @@ SEEDS = [
 GRIDS = ("plain", "ranges", "grouped")
 
 
-def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8) -> dict:
-    return dict(bm=bm, stages=stages, consumers=consumers, grid=grid, group_m=group_m, ctas=ctas)
+def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8, swap=False) -> dict:
+    return dict(bm=bm, stages=stages, consumers=consumers, grid=grid, group_m=group_m, ctas=ctas, swap=swap)
 
 
 #: Block-sparse W, ordered by the H200 probes (bf16 4096^3 and 32x4096x4096, block 64 at densities
 #: 0.05-0.5; benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T011336Z.json and ...T055650Z.json):
 #: the grouped persistent grid of two blocks per multiprocessor led at densities 0.05-0.25 (block 64,
 #: density 0.1: 54.1 us against 58.9 for the plain grid of two per multiprocessor, 65.5 for balanced
-#: ranges), the 256-row plain grid at 0.5 (163.5 us), the 64-row tile at batch 32 (8.9 us). Hand-picked,
+#: ranges), the 256-row plain grid at 0.5 (163.5 us), the 64-row tile at batch 32 (8.9 us). With
+#: swapped operands (blocks of 64 only; elsewhere the seed is dropped), 256 rows of two consumers in
+#: grouped order led at every density in ``codegen bench`` (H200, 2026-12-02, pattern seed 0: 45.7 /
+#: 83.2 / 150.7 us at 0.1 / 0.25 / 0.5 against 51.6 / 94.9 / 172.4 for the first seed). Hand-picked,
 #: not searched.
 SPARSE_SEEDS = [
     _sparse_point(128, 4, 1, "grouped", ctas=2),
+    _sparse_point(256, 4, 2, "grouped", swap=True),
     _sparse_point(128, 4, 2, "grouped", ctas=2),
     _sparse_point(128, 4, 1, "plain", ctas=2),
     _sparse_point(256, 4, 2, "plain"),
     _sparse_point(64, 8, 1, "plain"),
+    _sparse_point(64, 8, 1, "plain", swap=True),
     _sparse_point(256, 5, 2, "ranges"),
 ]
 
