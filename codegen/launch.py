@@ -169,6 +169,11 @@ def launched_grid(grid, persistent: bool | int, cluster, sms: int) -> tuple[int,
     return (max(cl, min(grid[0], sms * int(persistent)) // cl * cl), *grid[1:])
 
 
+def _persistent(value) -> bool | int:
+    """``KernelLaunch.persistent`` read back from a dict: a flag, or the blocks per multiprocessor."""
+    return value if isinstance(value, bool) else int(value)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     launches: tuple[KernelLaunch, ...]
@@ -192,7 +197,7 @@ class LaunchPlan:
                 block=tuple(x["block"]),
                 smem=x["smem"],
                 args=tuple(x["args"]),
-                persistent=bool(x.get("persistent", False)),
+                persistent=_persistent(x.get("persistent", False)),
                 cluster=tuple(x.get("cluster", (1, 1, 1))),
             )
             for x in d["launches"]

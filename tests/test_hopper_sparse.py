@@ -434,8 +434,12 @@ def test_a_persistent_grid_of_two_blocks_per_multiprocessor():
     spec = Spec(block=64, bn=64, bm=128, consumers=1, stages=4, ctas=2, persistent=True)
     problem = BIG[64]
     assert not spec.check(problem) and spec.name.endswith("_ps_bsr64_o2")
-    (main,) = plan(spec, problem).launches
+    p = plan(spec, problem)
+    (main,) = p.launches
     assert main.persistent == 2 and main.grid_on(132) == (264, 1, 1)
+    # as the worker process gets it: still two blocks per multiprocessor (a flag once read it back as one)
+    (sent,) = LaunchPlan.from_dict(json.loads(json.dumps(p.to_dict()))).launches
+    assert sent.persistent == 2 and sent.persistent is not True and sent.grid_on(132) == (264, 1, 1)
     assert plan(Spec(block=64, bn=64, persistent=True), problem).launches[0].grid_on(132) == (132, 1, 1)
     assert launched_grid((100, 1, 1), 2, (1, 1, 1), 132) == (100, 1, 1)  # never more blocks than tiles
     manifest = json.loads(export_files(spec, problem, None, "sm_90")[1])
