@@ -44,14 +44,19 @@ POINTS = [
     ("128 c1 s4 psg o2 sw", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=8, ctas=2, swap=True)),
     ("64 c1 s8 sw", dict(bm=64, stages=8, consumers=1, grid="plain", group_m=8, ctas=1, swap=True)),
     ("64 c1 s8 psg sw", dict(bm=64, stages=8, consumers=1, grid="grouped", group_m=8, ctas=1, swap=True)),
+    ("256 c2 s5 psg g1", dict(bm=256, stages=5, consumers=2, grid="grouped", group_m=1, ctas=1, swap=False)),
+    ("256 c2 s5 psg g1 sw", dict(bm=256, stages=5, consumers=2, grid="grouped", group_m=1, ctas=1, swap=True)),
+    ("128 c1 s4 psg o2 g1", dict(bm=128, stages=4, consumers=1, grid="grouped", group_m=1, ctas=2, swap=False)),
 ]
 #: Points tried for block 16 (four times the k-tiles of block 64 for the same work: deep rings).
 POINTS_16 = [0, 1, 3]
 #: Points tried for block 64 only: persistent grids of two blocks per multiprocessor in grouped order
 #: (their balanced-range twins, "ps o2", were slower than the plain grid: hopper_sparse-...T034713Z.json;
 #: grouped ones were faster than both at densities 0.05-0.25: ...T055650Z.json), and swapped operands
-#: (W's block as wgmma's A, X's rows as its N: ``swap`` needs blocks of 64).
-POINTS_64_ONLY = [6, 7, 8, 9, 10, 11, 12]
+#: (W's block as wgmma's A, X's rows as its N: ``swap`` needs blocks of 64), and grouped order with
+#: ``group_m`` 1 (the tiles in flight share one m-tile of X), which a search at density 0.1 found first
+#: (codegen search, budget 40, H200 2026-12-02: 40.7 us for 256 c2 s5 against 41.7 for the probe's best).
+POINTS_64_ONLY = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 #: Points tried at batch 32 (one m-tile: a 64-row tile wastes least, two per SM hide latency), the
 #: last two only there.
 POINTS_SMALL_M = [0, 3, 5, 11, 12]

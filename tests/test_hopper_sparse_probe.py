@@ -38,11 +38,11 @@ def test_jobs_cover_the_asked_problems_with_valid_points():
             assert (4096, 4096, 4096, block, d) in shapes
         assert (32, 4096, 4096, block, 0.1) in shapes
     assert [j["id"] for j in jobs] == list(range(len(jobs))) and jobs[0]["block"] == 64  # block 64 first
-    assert len(jobs) <= 90  # under a second each: the default 50 s budget reaches block 64's and most of 32's
+    assert len(jobs) <= 100  # under a second each: the default 50 s budget reaches block 64's and 32's
     assert {j["seed"] for j in jobs} == {probe.PATTERN_SEED}
     two = probe.jobs((64,), (7, 0))
     assert len({probe.problem_key(j) for j in two}) == 10 and {j["seed"] for j in two} == {7, 0}
-    assert sum(j["point"].get("swap", False) for j in two if j["m"] == 4096) == 3 * 8  # three swapped points
+    assert sum(j["point"].get("swap", False) for j in two if j["m"] == 4096) == 4 * 8  # four swapped points
     for j in jobs:
         pattern = sparse.Pattern.random(j["n"], j["k"], j["block"], j["density"], seed=7)
         problem = sparse.problem_for(j["m"], pattern, DType.bf16)
