@@ -169,4 +169,6 @@ def seeds(family: str, block: int = 0) -> list[dict]:
     the family's SPARSE_SEEDS where it has them). The backward layouts start from the forward
     seeds (no backward kernel has been timed yet); those their rules refuse are left out."""
     module = _module(family)
+    if block and hasattr(module, "sparse_seeds"):  # a family whose sparse seeds depend on the block
+        return [dict(p) for p in module.sparse_seeds(block)]
     return [dict(p) for p in (getattr(module, "SPARSE_SEEDS", []) if block else module.SEEDS)]

@@ -242,7 +242,7 @@ def test_every_sampled_sparse_spec_compiles_to_wgmma_fed_by_tma(compiled):
         assert "-arch=sm_90a" in result.options
         ops = sass.opcodes(text, spec.name)
         steps = spec.block // 16 * spec.frag_m
-        shape = f"HGMMA.64x{spec.block}x16.F32" + (".BF16" if spec.dtype is DType.bf16 else " ")
+        shape = f"HGMMA.64x{spec.wg_n}x16.F32" + (".BF16" if spec.dtype is DType.bf16 else " ")  # wg_n: the block, or X's rows with swap
         assert ops["HGMMA"] == steps and sass.functions(text)[spec.name].count(shape) == steps, spec.name
         assert ops["UTMALDG"] == 2 and ops["USETMAXREG"] == 2, spec.name
         assert ops["LDL"] == 0 and ops["STL"] == 0, spec.name

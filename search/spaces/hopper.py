@@ -90,25 +90,30 @@ def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8, swap=False) ->
     return dict(bm=bm, stages=stages, consumers=consumers, grid=grid, group_m=group_m, ctas=ctas, swap=swap)
 
 
-#: Block-sparse W, ordered by the H200 probes (bf16 4096^3 and 32x4096x4096, block 64 at densities
-#: 0.05-0.5; benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T011336Z.json and ...T055650Z.json):
-#: the grouped persistent grid of two blocks per multiprocessor led at densities 0.05-0.25 (block 64,
-#: density 0.1: 54.1 us against 58.9 for the plain grid of two per multiprocessor, 65.5 for balanced
-#: ranges), the 256-row plain grid at 0.5 (163.5 us), the 64-row tile at batch 32 (8.9 us). With
-#: swapped operands (blocks of 64 only; elsewhere the seed is dropped), 256 rows of two consumers in
-#: grouped order led at every density in ``codegen bench`` (H200, 2026-12-02, pattern seed 0: 45.7 /
-#: 83.2 / 150.7 us at 0.1 / 0.25 / 0.5 against 51.6 / 94.9 / 172.4 for the first seed). Hand-picked,
-#: not searched.
+#: Block-sparse W, ordered by the H200 probe over two random patterns (bf16 4096^3 at densities
+#: 0.05-0.5 and 32x4096x4096 at 0.1, block 64, pattern seeds 7 and 0;
+#: benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T201948Z.json): 256 rows of two consumers in
+#: grouped order with group_m 1 (every tile in flight on one m-tile of X) led at density 0.1 (40.6 us
+#: for both patterns, 4.0x cuBLAS); 128 rows of one consumer, two blocks per multiprocessor, at 0.05
+#: (30.7-30.9 us); the swapped 256-row tile at 0.5 (151.4-152.9 us, 1.10x), the two within 4% of each
+#: other at 0.25; the 64-row tiles at batch 32, unswapped (probe: 8.0-8.9 us) or swapped with a deep
+#: ring (search, budget 30: 13.1 TFLOP/s, 2.2x). Hand-picked from probes and searches, each measured;
+#: ``sparse_seeds`` leaves out the swapped ones for blocks other than 64.
 SPARSE_SEEDS = [
+    _sparse_point(256, 5, 2, "grouped", group_m=1),
     _sparse_point(128, 4, 1, "grouped", ctas=2),
     _sparse_point(256, 4, 2, "grouped", swap=True),
     _sparse_point(128, 4, 2, "grouped", ctas=2),
-    _sparse_point(128, 4, 1, "plain", ctas=2),
-    _sparse_point(256, 4, 2, "plain"),
     _sparse_point(64, 8, 1, "plain"),
-    _sparse_point(64, 8, 1, "plain", swap=True),
-    _sparse_point(256, 5, 2, "ranges"),
+    _sparse_point(64, 12, 1, "plain", swap=True),
+    _sparse_point(256, 4, 2, "plain"),
+    _sparse_point(128, 4, 1, "plain", ctas=2),
 ]
+
+
+def sparse_seeds(block: int) -> list[dict]:
+    """SPARSE_SEEDS that the block allows (swap needs blocks of 64)."""
+    return [p for p in SPARSE_SEEDS if block == 64 or not p["swap"]]
 
 
 def to_spec(point: dict, problem: Problem) -> Spec:
