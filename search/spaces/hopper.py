@@ -23,8 +23,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     blocks of 64, ``swap`` puts W's block on wgmma's M side and the tile's X rows on its N side (wgmma N
     is ``bm / consumers`` instead of the block), for the forward layout. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension
-    yet: it has not run on a GPU, and a search would spend half its trials on it unmeasured."""
+    have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension:
+    it is right on the H200 but timed within noise of its shared-memory twin on every probe shape
+    (benchmarks/NOTES.md, 2026-12-02), so a search would spend half its trials on no difference."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
