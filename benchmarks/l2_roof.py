@@ -4,7 +4,7 @@ A block-sparse tile of one block row loads, for every kept block, X's ``bm`` row
 columns: the whole of X passes from L2 to shared memory once per kept block of a block column, so
 the kernel's time is bounded below by those bytes over L2's read bandwidth, however it is scheduled.
 This measures that bandwidth with gemmscape's own runtime (NVRTC, ``codegen.cuda``): every thread of
-a full grid reads a buffer that fits in L2 in 16-byte loads, ``--passes`` times over, and the median
+a full grid reads a buffer that fits in L2 in 16-byte loads, about 4 GiB per launch, and the median
 of repeated launches (CUDA events, after a warm-up that leaves the buffer in L2) gives bytes read per
 second; a buffer several times L2 gives DRAM's rate for comparison. Writes the results format
 (``benchmarks/results/``) to OUT/l2_roof-<device>-<date>.json.
@@ -53,10 +53,11 @@ extern "C" __global__ void __launch_bounds__(512) l2_read(const int4* __restrict
 }
 """
 THREADS = 512
+BLOCKS_PER_SM = 4
 REPS = 30
 
 
-def measure(mib: int, passes: int, blocks_per_sm: int = 4) -> dict:
+def measure(mib: int, passes: int) -> dict:
     from codegen import cuda
     from codegen.compile import compile_source
 
@@ -67,7 +68,7 @@ def measure(mib: int, passes: int, blocks_per_sm: int = 4) -> dict:
     nbytes = mib << 20
     buf, sink = cuda.Buffer(nbytes), cuda.Buffer(4)
     buf.zero(ctx.stream)
-    grid = (info.sms * blocks_per_sm, 1, 1)
+    grid = (info.sms * BLOCKS_PER_SM, 1, 1)
     args = [ctypes.c_void_p(buf.address), ctypes.c_ulonglong(nbytes // 16), ctypes.c_int(passes),
             ctypes.c_void_p(sink.address)]
     start, end = cuda.Event(), cuda.Event()
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     device = records[0]["device"]
     doc = {"suite": "l2_roof", "date": date, "device": device, "versions": versions(),
            "command": "python3 -m benchmarks.l2_roof " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "timing": {"reps": REPS, "warmup": 3, "threads": THREADS, "blocks_per_sm": 4}, "records": records}
+           "timing": {"reps": REPS, "warmup": 3, "threads": THREADS, "blocks_per_sm": BLOCKS_PER_SM}, "records": records}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"l2_roof-{device.replace(' ', '_')}-{date}.json"
