@@ -52,6 +52,11 @@ def _help(text: str) -> dict:
     return {"help": text}
 
 
+def _width(side: int) -> int:
+    """The widest vector (4, 2 or 1 elements) that divides a thread tile's side."""
+    return 4 if side % 4 == 0 else (2 if side % 2 == 0 else 1)
+
+
 @dataclass(frozen=True)
 class Spec(SpecData):
     """CUDA-core GEMM: block tile, warp tile, thread tile (register blocking) and staging.
@@ -62,8 +67,10 @@ class Spec(SpecData):
     stored k-major ("transposed") so the inner loop reads ``tm``/``tn`` fragments with vector
     loads; lanes own strided 4-wide chunks of the warp tile. With ``copy="async"`` tiles go
     global -> shared with ``cp.async`` (sm_80+) into ``stages`` (2-4) buffers kept in the input
-    type and k-contiguous; the inner loop reads 4-wide k fragments and lanes own rows strided by
-    the lane count (conflict-free with ``pad``). Lanes of a warp form a ``(wm/tm) × (wn/tn)`` grid.
+    type; the inner loop reads 4-wide k fragments of a k-contiguous tile, whose lanes own rows strided
+    by the lane count (conflict-free with ``pad``), and of a tile stored k-outer (the backward
+    layouts) one vector of a lane's consecutive rows per k, as the register path does. Lanes of a
+    warp form a ``(wm/tm) × (wn/tn)`` grid.
     """
 
     dtype: DType = DType.fp32
@@ -154,16 +161,13 @@ class Spec(SpecData):
 
     @property
     def rm(self) -> int:
-        """Consecutive rows a lane owns: its fragment width along m (1, 2 or 4)."""
-        if self.copy == "async":
-            return 1
-        return 4 if self.tm % 4 == 0 else (2 if self.tm % 2 == 0 else 1)
+        """Consecutive rows a lane owns: its fragment width along m (1, 2 or 4). The async path
+        reads a k-contiguous tile in k fragments, so there a lane owns single rows."""
+        return 1 if self.copy == "async" and not self.a_t else _width(self.tm)
 
     @property
     def rn(self) -> int:
-        if self.copy == "async":
-            return 1
-        return 4 if self.tn % 4 == 0 else (2 if self.tn % 2 == 0 else 1)
+        return 1 if self.copy == "async" and not self.w_t else _width(self.tn)
 
     @property
     def kv(self) -> int:
@@ -340,6 +344,7 @@ def template_values(spec: Spec) -> dict:
         vload_t=LOAD_TYPE.get(spec.vec * size, "unsigned int"),
         frag_m_t=FRAG_TYPE[spec.rm], frag_n_t=FRAG_TYPE[spec.rn],
         kv=spec.kv, frag_k_t=LOAD_TYPE[spec.kv * size],
+        frag_at_t=LOAD_TYPE[spec.rm * size], frag_wt_t=LOAD_TYPE[spec.rn * size],  # k-outer rows, one k
         cp_bytes=spec.vec * size, cp_cache="cg" if spec.vec * size == 16 else "ca",
         subs=spec.block // spec.bk if spec.block else 0,
         # the backward layouts: an operand stored k-outer is loaded in VEC-wide runs along its rows,
@@ -354,7 +359,7 @@ def template_values(spec: Spec) -> dict:
         a_stage, w_stage = spec._async_tile(spec.bm, spec.a_t), spec._async_tile(spec.bn, spec.w_t)
         values.update(
             sk=sk, a_stage=a_stage, w_stage=w_stage, w_offset=spec.stages * a_stage,
-            a_row_step=spec.lanes_m * (1 if spec.a_t else sk), w_row_step=spec.lanes_n * (1 if spec.w_t else sk),
+            a_row_step=spec.lanes_m * sk, w_row_step=spec.lanes_n * sk,  # between a lane's k-contiguous rows
             sat=spec.bm + spec.pad, swt=spec.bn + spec.pad,  # row strides of k-outer tiles
             prefetch=spec.stages - 1, wait_groups=spec.stages - 2,
         )  # fmt: skip
