@@ -62,6 +62,8 @@ POINTS_64_ONLY = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 POINTS_SMALL_M = [0, 3, 5, 11, 12]
 SMALL_M_ONLY = [5, 11, 12]
 DENSITIES = (0.05, 0.1, 0.25, 0.5)
+#: Densities at batch 32 (``--small-m-densities``: several show the time a kernel takes before its work).
+SMALL_M_DENSITIES = (0.1,)
 #: Blocks in the order they are probed; the budget may leave out the last.
 BLOCKS = (64, 32, 16)
 DTYPE = "bf16"
@@ -69,20 +71,20 @@ DTYPE = "bf16"
 PATTERN_SEED = 7
 
 
-def problems(blocks=BLOCKS, seeds=(PATTERN_SEED,)) -> list[tuple[int, int, int, int, float, int]]:
-    """(m, n, k, block, density, pattern seed) in probing order."""
+def problems(blocks=BLOCKS, seeds=(PATTERN_SEED,), small_m=SMALL_M_DENSITIES) -> list[tuple[int, int, int, int, float, int]]:
+    """(m, n, k, block, density, pattern seed) in probing order; ``small_m``: the densities at batch 32."""
     out = []
     for block in blocks:
         for seed in seeds:
             out += [(4096, 4096, 4096, block, d, seed) for d in DENSITIES]
-            out.append((32, 4096, 4096, block, 0.1, seed))
+            out += [(32, 4096, 4096, block, d, seed) for d in small_m]
     return out
 
 
-def jobs(blocks=BLOCKS, seeds=(PATTERN_SEED,)) -> list[dict]:
+def jobs(blocks=BLOCKS, seeds=(PATTERN_SEED,), small_m=SMALL_M_DENSITIES) -> list[dict]:
     """Every (point, problem) to run, grouped by problem so baselines are timed once per problem."""
     out = []
-    for m, n, k, block, density, seed in problems(blocks, seeds):
+    for m, n, k, block, density, seed in problems(blocks, seeds, small_m):
         for i, (label, point) in enumerate(POINTS):
             if (block == 16 and i not in POINTS_16) or (m < 128 and i not in POINTS_SMALL_M) or (
                     m >= 128 and i in SMALL_M_ONLY) or (block != 64 and i in POINTS_64_ONLY):
@@ -317,6 +319,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS), choices=BLOCKS, help="sparse block sizes")
     p.add_argument("--pattern-seeds", nargs="+", type=int, default=[PATTERN_SEED], metavar="S",
                    help=f"seeds of the random patterns, each a problem of its own (default {PATTERN_SEED})")
+    p.add_argument("--small-m-densities", nargs="+", type=float, default=list(SMALL_M_DENSITIES), metavar="D",
+                   help="densities of the 32x4096x4096 problems (default 0.1)")
     p.add_argument("--no-torch-bsr", dest="torch_bsr", action="store_false", help="skip the torch BSR baseline")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -324,6 +328,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--budget-s and --hang-s must be positive")
     if min(args.pattern_seeds) < 0:
         p.error("--pattern-seeds must be non-negative")
+    if not all(0 < d <= 1 for d in args.small_m_densities):
+        p.error("--small-m-densities must lie in (0, 1]")
     return args
 
 
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     device = gpu_line()
     print(f"device: {device}", flush=True)
-    todo = jobs(tuple(args.blocks), tuple(args.pattern_seeds))
+    todo = jobs(tuple(args.blocks), tuple(args.pattern_seeds), tuple(args.small_m_densities))
     runs: list[dict] = []
     left = list(todo)
     while left:
