@@ -31,7 +31,8 @@ ARGUMENTS = {
     Layout.grad_input: "DX[M,N] = DY[M,K] * W[K,N], row-major (M batch, N in features, K out features); B is null; "
                        "a block-sparse W is read as WT, Wᵀ in BSR (see sparse)",
     Layout.grad_weight: "DW[M,N] = DY[K,M]^T * X[K,N], row-major (M out features, N in features, K batch); B is "
-                        "null; with bias the _db kernel writes DB[M] = sum over the K rows of DY",
+                        "null; with bias DB[M] = sum over the K rows of DY is written by the _db kernel, or by the main kernel "
+                        "where its arguments name DB",
 }
 
 

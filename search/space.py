@@ -7,7 +7,8 @@ Each family's space lives in ``search/spaces/<family>.py``; the functions here d
 
 Choices that a rule ties together are one dimension, so that a sampler cannot propose what the
 rule refuses: ``split`` is split-K with its reduction (``k1``: none; ``k4a``: 4 splits added
-atomically; ``k4r``: 4 splits reduced in a second pass), spelled as in kernel names
+atomically; ``k4r``: 4 splits reduced in a second pass; ``k4d``: 4 splits of one thread-block
+cluster reduced through distributed shared memory), spelled as in kernel names
 (``split_value`` / ``split_of``). A replay recording written with an older space's dimensions is
 read through ``recorded_space``.
 """
@@ -71,7 +72,7 @@ class Space:
             return None
 
 
-_REDUCE_MARK = {"atomic": "a", "two_pass": "r"}
+_REDUCE_MARK = {"atomic": "a", "two_pass": "r", "cluster": "d"}
 
 
 def split_value(split_k: int, reduce: str) -> str:
@@ -86,7 +87,7 @@ def split_of(value: str) -> tuple[int, str]:
     mark = value[-1]
     reduce = next((r for r, m in _REDUCE_MARK.items() if m == mark), None)
     if reduce is None or not value.startswith("k") or not value[1:-1].isdigit():
-        raise ValueError(f"{value!r} is not a split choice (k1, or k<splits> then a for atomic or r for two_pass)")
+        raise ValueError(f"{value!r} is not a split choice (k1, or k<splits> then a for atomic, r for two_pass or d for cluster)")
     return int(value[1:-1]), reduce
 
 

@@ -123,6 +123,10 @@ def simt_grid() -> list[SimtSpec]:
 
 
 GRID = simt_grid()
+#: Split-K in one thread-block cluster, reduced through distributed shared memory (sm_90 only).
+CLUSTER = [_spec(T4X4, bk=16, split_k=2, reduce="cluster", bias=True), _spec(T8X8, bk=8, split_k=8, reduce="cluster",
+           stages=1), _spec(SMALL, bk=64, vec=2, stages=3, copy="async", split_k=4, reduce="cluster", bias=True),
+           _spec(T4X4, dtype="bf16", bk=32, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="cluster")]
 #: Specs close to the defaults, which must compile without spilling.
 DEFAULTISH = [SimtSpec(), _spec(T4X4, bk=16), _spec(T8X8, bk=8), _spec(T8X8, bk=16, bias=True), GRID[0], GRID[9]]
 
@@ -176,6 +180,17 @@ def test_grid_is_large_valid_distinct_and_covers_the_family():
     assert any(s.threads % 256 for s in GRID)
 
 
+@pytest.mark.parametrize("spec", CLUSTER, ids=lambda s: s.name)
+def test_a_cluster_split_k_compiles_for_sm_90_without_spills_and_reads_its_peers(spec):
+    assert spec.check() == [] and spec.check(limits=DeviceLimits.for_arch(80)) != []
+    result = compiled(spec, "sm_90")
+    assert set(result.report) == {spec.name}, result.log  # no second pass
+    entry = result.report[spec.name]
+    assert entry["spill_stores"] == entry["spill_loads"] == entry["stack"] == 0, entry
+    text = sass.disassemble(result.cubin)
+    assert "UCGABAR_ARV" in text and "UCGABAR_WAIT" in text, "no cluster barrier"
+
+
 # ---- render and compile ------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("spec", GRID, ids=lambda s: s.name)
@@ -208,6 +223,9 @@ def test_rendered_source_names_the_kernel_and_omits_what_is_off():
     two_pass = render(_spec(T4X4, bk=16, split_k=2, reduce="two_pass"))
     assert "_reduce(" in two_pass and "_reduce(" not in plain
     assert "atomicAdd" in render(_spec(T4X4, bk=16, split_k=2, reduce="atomic"))
+    cluster = render(_spec(T4X4, bk=16, split_k=2, reduce="cluster"))
+    assert "ld.shared::cluster" in cluster and "_reduce(" not in cluster and "WS[" not in cluster
+    assert "barrier.cluster" not in two_pass
     assert "extern __shared__" not in render(GRID[0])
 
 

@@ -13,7 +13,7 @@ from codegen.families.simt import Spec as SimtSpec
 from codegen.launch import REDUCE_ARGS, grid_rule, plan, reduce_launch, reduce_symbol, workspace_bytes
 from codegen.problem import DType, Problem
 from codegen.render import environment, render
-from codegen.spec import KernelSpec
+from codegen.spec import DeviceLimits, KernelSpec
 
 
 def test_registry_discovers_the_family_modules():
@@ -162,3 +162,17 @@ def test_element_spelling_covers_every_dtype():
 
     assert set(DTYPE_CUDA) == set(DType)
     assert DTYPE_CUDA[DType.bf16]["ctype"] == "__nv_bfloat16" and DTYPE_CUDA[DType.fp32]["header"] == ""
+
+
+def test_a_cluster_split_k_is_one_cluster_of_splits_on_sm_90():
+    spec = SimtSpec(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, stages=3, copy="async", split_k=8, reduce="cluster")
+    assert spec.name.endswith("_k8d") and SimtSpec.from_name(spec.name) == spec and not spec.check()
+    assert spec.smem_bytes >= 4 * 32 * 128  # the partial tile, after the pipeline
+    assert any("sm_90" in w for w in spec.check(limits=DeviceLimits.for_arch("sm_80")))
+    replace = dataclasses.replace
+    assert any("<= 8" in w for w in replace(spec, split_k=16).check())
+    assert any("multiples of 4" in w for w in replace(spec, split_k=3).check())
+    assert any("exactly when split_k is 1" in w for w in replace(spec, split_k=1).check())
+    launch = plan(spec, Problem(32, 4096, 4096)).launches
+    assert len(launch) == 1 and launch[0].cluster == (1, 8, 1) and launch[0].grid == (32, 8, 1)
+    assert "cluster dimension (1, 8, 1)" in families.get("simt").grid_rule(spec)

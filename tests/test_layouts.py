@@ -262,6 +262,9 @@ def test_plans_name_the_arrays_of_the_layout():
     assert "DW, DY, X" in rule and "_db" in rule
     atomic = plan(SimtSpec(layout=GW, split_k=2, reduce="atomic"), Problem(64, 64, 64, layout=GW))
     assert atomic.zero_output and len(atomic.launches) == 1
+    cluster = plan(SimtSpec(layout=GI, split_k=4, reduce="cluster"), Problem(64, 64, 64, layout=GI))
+    assert len(cluster.launches) == 1 and cluster.launches[0].cluster == (1, 4, 1)
+    assert cluster.launches[0].grid[1] == 4 and not cluster.zero_output and cluster.workspace_bytes == 0
 
 
 def test_export_manifests_carry_the_layout_and_the_arrays():
@@ -281,9 +284,27 @@ def test_export_manifests_carry_the_layout_and_the_arrays():
 
 
 def test_backward_kernels_never_add_the_bias_to_the_gemm_output():
-    source = render(SimtSpec(layout=GW, bias=True))
+    source = render(SimtSpec(layout=GW, bias=True, split_k=2, reduce="two_pass"))
     assert "to_f(B[c])" not in source and "_db(T* __restrict__ DB" in source
     assert "to_f(B[c])" in render(SimtSpec(bias=True))
+    fused = render(SimtSpec(layout=GW, bias=True))  # one split, staged: the main kernel sums db
+    assert "to_f(B[c])" not in fused and "_db(" not in fused and "T* __restrict__ DB, float* __restrict__ WS" in fused
+
+
+def test_one_split_weight_gradient_fuses_db_into_its_kernel():
+    spec = SimtSpec(layout=GW, bias=True)
+    assert spec.fused_db and spec.name.endswith("_k1_gw")
+    p = plan(spec, Problem(67, 45, 91, layout=GW, bias=True))
+    assert [s.symbol for s in p.launches] == [spec.name]
+    assert p.launches[0].args == ("DW", "DY", "X", "DB", "WS", "M", "N", "K")
+    assert "B is DB" in families.get("simt").grid_rule(spec) and "_db(" not in families.get("simt").grid_rule(spec)
+    for other in (SimtSpec(layout=GW, bias=True, split_k=2, reduce="cluster"),  # split: db has its own kernel
+                  SimtSpec(layout=GW, bias=True, bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=0),
+                  SimtSpec(layout=GW, bias=False), SimtSpec(layout=GI, bias=False), SimtSpec(bias=True)):
+        assert not other.fused_db, other.name
+    assert [s.symbol for s in plan(SimtSpec(layout=GW, bias=True, split_k=2, reduce="cluster"),
+                                   Problem(64, 64, 64, layout=GW, bias=True)).launches][1:] == [
+        SimtSpec(layout=GW, bias=True, split_k=2, reduce="cluster").name + "_db"]
 
 
 # ---- search space and command line ----------------------------------------------------------------------
@@ -347,7 +368,7 @@ def test_compile_a_weight_gradient_with_db(capsys, tmp_path, monkeypatch):
     code = cli.main(["compile", "--m", "64", "--n", "48", "--k", "32", "--layout", "grad_weight", "--bias",
                      "--arch", "sm_90"])
     out = capsys.readouterr().out
-    assert code == 0 and "_gw_db:" in out and "grad_weight" in out
+    assert code == 0 and "_gw:" in out and "grad_weight" in out and "_gw_db:" not in out  # db fused (one split)
 
 
 # ---- compiler tier ------------------------------------------------------------------------------------
@@ -359,10 +380,11 @@ def compiled():
 
 
 def _assert_plan_functions_without_spills(spec, arch, report):
-    """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias), and none spills."""
+    """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias, unless the kernel sums
+    db itself), and none spills."""
     two_pass = getattr(spec, "reduce", "two_pass" if getattr(spec, "split_k", 1) > 1 else "none") == "two_pass"
     expected = {spec.name} | ({spec.name + "_reduce"} if two_pass else set()) | (
-        {spec.name + "_db"} if spec.bias else set())
+        {spec.name + "_db"} if spec.bias and not getattr(spec, "fused_db", False) else set())
     assert set(report) == expected, (arch, report)
     for fn, r in report.items():
         assert r.get("spill_stores", 0) == 0 and r.get("spill_loads", 0) == 0, (arch, fn, r)

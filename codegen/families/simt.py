@@ -7,7 +7,7 @@ variant is launched.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from codegen.launch import (
     BSR_ARGS,
@@ -39,7 +39,9 @@ from codegen.spec import (
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
 DTYPES = (DType.fp32, DType.fp16, DType.bf16)
-REDUCES = ("none", "atomic", "two_pass")
+REDUCES = ("none", "atomic", "two_pass", "cluster")
+#: The most blocks of a portable thread-block cluster (a cluster split-K has one block per split).
+MAX_CLUSTER = 8
 COPIES = ("reg", "async")
 
 #: Register type for a global load of the given number of bytes (all accepted by __ldg).
@@ -71,6 +73,14 @@ class Spec(SpecData):
     by the lane count (conflict-free with ``pad``), and of a tile stored k-outer (the backward
     layouts) one vector of a lane's consecutive rows per k, as the register path does. Lanes of a
     warp form a ``(wm/tm) × (wn/tn)`` grid.
+
+    ``split_k`` > 1 splits K over the grid's y dimension; ``reduce`` says how the splits meet:
+    ``atomic`` adds into a zeroed fp32 Y, ``two_pass`` writes fp32 partial tiles to a workspace that
+    a second kernel sums, and ``cluster`` (sm_90+, at most 8 splits) launches the splits of a tile as
+    one thread-block cluster: each leaves its partial tile in its shared memory and reduces one
+    slice of the tile from every split's shared memory (no workspace, no second kernel, Y not
+    zeroed). A grad_weight kernel with bias and one split sums db from its staged tiles of dY in the
+    blocks of the first block column (``fused_db``); otherwise db is a kernel of its own.
     """
 
     dtype: DType = DType.fp32
@@ -90,7 +100,9 @@ class Spec(SpecData):
     group_m: int = field(default=1, metadata=_help("block rows grouped for L2 reuse"))
     split_k: int = field(default=1, metadata=_help("blocks sharing one output tile along K"))
     reduce: str = field(default="none", metadata={"choices": REDUCES,
-                                                  "help": "split-K reduction: none (split_k 1), atomic, two_pass"})
+                                                  "help": "split-K reduction: none (split_k 1), atomic, two_pass, "
+                                                          "cluster (the splits of a tile are one thread-block cluster, "
+                                                          "reduced through distributed shared memory, sm_90+)"})
     block: int = field(default=0, metadata=_help("W block-sparse in block x block blocks (BSR); 0: dense W"))
     layout: Layout = field(default=Layout.forward, metadata=_help("which GEMM of the linear layer"))
 
@@ -99,7 +111,7 @@ class Spec(SpecData):
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        red = {"none": "", "atomic": "a", "two_pass": "r"}[self.reduce]
+        red = {"none": "", "atomic": "a", "two_pass": "r", "cluster": "d"}[self.reduce]
         return (
             f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
@@ -111,7 +123,7 @@ class Spec(SpecData):
     _NAME = re.compile(
         r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ar]?)"
+        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ard]?)"
         r"(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
@@ -124,7 +136,7 @@ class Spec(SpecData):
         spec = cls(
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
-            reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
+            reduce={"": "none", "a": "atomic", "r": "two_pass", "d": "cluster"}[g.pop("reduce")],
             copy="async" if g.pop("copy") else "reg",
             block=int(g.pop("block") or 0),
             layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
@@ -193,13 +205,21 @@ class Spec(SpecData):
         return -(-self.bn * self.bk // self.vec // max(self.threads, 1))
 
     @property
+    def fused_db(self) -> bool:
+        """grad_weight's bias gradient is summed by the main kernel (from its staged tiles of dY, in
+        the blocks of the first block column) rather than by a kernel of its own: one split, staged."""
+        return self.bias and self.layout is Layout.grad_weight and self.split_k == 1 and self.stages > 0
+
+    @property
     def smem_bytes(self) -> int:
+        # a cluster split-K leaves each split's fp32 partial tile in shared memory after the pipeline
+        partials = 4 * self.bm * self.bn if self.reduce == "cluster" else 0
         if self.stages == 0:
-            return 0
+            return partials
         if self.copy == "async":
-            return self.dtype.itemsize * self.stages * (self._async_tile(self.bm, self.a_t)
-                                                        + self._async_tile(self.bn, self.w_t))
-        return 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad))
+            return max(partials, self.dtype.itemsize * self.stages * (self._async_tile(self.bm, self.a_t)
+                                                                      + self._async_tile(self.bn, self.w_t)))
+        return max(partials, 4 * self.stages * self.bk * ((self.bm + self.pad) + (self.bn + self.pad)))
 
     @property
     def regs_estimate(self) -> int:
@@ -289,6 +309,16 @@ class Spec(SpecData):
             why.append("reduce is 'none' exactly when split_k is 1")
         elif self.reduce == "atomic" and self.dtype is not DType.fp32:
             why.append("atomic split-K reduction needs fp32 output")
+        elif self.reduce == "cluster":
+            if limits.sm < 90:
+                why.append("a cluster split-K (thread-block clusters, distributed shared memory) needs sm_90 or newer")
+            if self.bn % 4 or self.bm * self.bn % (4 * self.split_k):
+                why.append("a cluster split-K reduces four elements of a row at a time: bn and bm * bn / split_k "
+                           "must be multiples of 4")
+            if self.split_k > MAX_CLUSTER:
+                why.append(f"a cluster split-K has one block per split: split_k must be <= {MAX_CLUSTER}")
+            if self.smem_bytes > limits.max_smem:
+                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
         if problem is not None:
             if problem.layout is not self.layout:
                 why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
@@ -350,7 +380,9 @@ def template_values(spec: Spec) -> dict:
         # the backward layouts: an operand stored k-outer is loaded in VEC-wide runs along its rows,
         # `runs` to a k row of the tile; the bias is db (a kernel of its own), never added to dW
         a_t=spec.a_t, w_t=spec.w_t, a_runs=spec.bm // spec.vec, w_runs=spec.bn // spec.vec,
-        bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
+        bias=spec.bias and spec.layout is Layout.forward, fused_db=spec.fused_db,
+        db=spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db,
+        db_per=-(-spec.bm // spec.threads), slice=spec.bm * spec.bn // spec.split_k,  # fused db; cluster split-K
         db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec),
         vec_cond=_row_condition(spec, "VEC"),  # every row of both operands VEC-aligned
     )  # fmt: skip
@@ -382,10 +414,14 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         smem=spec.smem_bytes,
         args=layout_args(SPARSE_ARGS if spec.block else MAIN_ARGS, spec.layout, sparse=bool(spec.block)),
     )
+    if spec.reduce == "cluster":
+        main = replace(main, cluster=(1, spec.split_k, 1))
+    if spec.fused_db:
+        main = replace(main, args=tuple("DB" if a == "B" else a for a in main.args))
     launches = [main]
     if spec.reduce == "two_pass":
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
-    if spec.bias and spec.layout is Layout.grad_weight:
+    if spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db:
         launches.append(db_launch(spec.name, problem))
     return LaunchPlan(launches=tuple(launches), zero_output=spec.reduce == "atomic",
                       workspace_bytes=workspace_bytes(spec.split_k, problem) if spec.reduce == "two_pass" else 0)
@@ -401,9 +437,14 @@ def grid_rule(spec: Spec) -> str:
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
     if spec.reduce == "atomic":
         rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
+    if spec.reduce == "cluster":
+        rule += (f"; a thread-block cluster launch of cluster dimension (1, {spec.split_k}, 1) (cuLaunchKernelEx): "
+                 f"the splits of a tile reduce through distributed shared memory, no workspace")
     if spec.layout is not Layout.forward:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
-        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null"
-    if spec.bias and spec.layout is Layout.grad_weight:
+        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), " + (
+            "B is DB (db[M] = sum over the K rows of DY, written by the blocks of the first block column)"
+            if spec.fused_db else "B is null")
+    if spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db:
         rule += "; then " + db_rule(spec.name)
     return rule

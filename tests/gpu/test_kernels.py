@@ -43,11 +43,15 @@ VARIANTS = [
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=4, copy="async", group_m=4),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="atomic"),
     dict(bm=16, bn=64, bk=64, wm=16, wn=16, tm=2, tn=4, pad=4, vec=2, stages=2, copy="async", split_k=4, reduce="two_pass"),
+    # split-K in one thread-block cluster: 8 splits (the most), and 2 through register copies
+    dict(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="cluster"),
+    dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=0, vec=4, stages=2, split_k=2, reduce="cluster"),
 ]
 HALF_VARIANTS = [
     dict(BIG, vec=8, bk=16),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=8, stages=2, split_k=4, reduce="two_pass"),
     dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="two_pass"),
+    dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="cluster"),
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),
 ]
 CASES = [(DType.fp32, bias, v) for v in VARIANTS for bias in (False, True)] + [

@@ -27,6 +27,8 @@ SIMT = [
     dict(bm=32, bn=64, bk=32, wm=16, wn=32, tm=2, tn=8, pad=4, vec=2, stages=1, split_k=4, reduce="two_pass"),
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),  # cp.async
     dict(bm=16, bn=16, bk=1, wm=4, wn=8, tm=1, tn=1, pad=0, vec=1, stages=0),  # straight from global memory
+    dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=2, tn=8, pad=8, vec=4, stages=3, copy="async", split_k=4,
+         reduce="cluster"),  # split-K in one thread-block cluster
 ]
 FP32_ONLY = [dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=4,
                   reduce="atomic")]
@@ -141,8 +143,10 @@ def test_hopper_a_regs_grad_input_is_correct(evaluator, spec):
 
 @pytest.mark.parametrize("drop", ["_db", "main"])
 def test_an_unwritten_output_is_caught(evaluator, monkeypatch, drop):
-    """A plan without the db kernel leaves db as NaN poison; one without the GEMM leaves dW."""
-    spec = SimtSpec(dtype=DType.fp32, bias=True, layout=GW, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8)
+    """A plan without the db kernel leaves db as NaN poison; one without the GEMM leaves dW (a split
+    GEMM: with one split and staged tiles the main kernel writes db too)."""
+    spec = SimtSpec(dtype=DType.fp32, bias=True, layout=GW, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, split_k=2,
+                    reduce="two_pass")
     real = evaluate.plan
 
     def planted(s, p) -> LaunchPlan:

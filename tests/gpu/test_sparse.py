@@ -50,6 +50,8 @@ VARIANTS = [
              copy="async", split_k=2, reduce="two_pass", block=32),
     SimtSpec(dtype=DType.fp32, bm=128, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, stages=3, copy="async", split_k=4,
              reduce="atomic", block=64),
+    SimtSpec(dtype=DType.bf16, bias=True, bm=32, bn=32, bk=16, wm=16, wn=16, tm=2, tn=4, pad=8, stages=3,
+             copy="async", split_k=4, reduce="cluster", block=32),
 ]
 
 
