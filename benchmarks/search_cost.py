@@ -3,7 +3,7 @@
     python3 -m benchmarks.search_cost [--recording FILE | --synthetic MxNxK] [--samplers cmaes tpe]
                                       [--budgets 200 1000] [--seed 0] [--no-store] [--out DIR]
 
-A REPLAY, not a GPU measurement: each search is the real runner (``search.runner.run_search``)
+By default a REPLAY, not a GPU measurement: each search is the real runner (``search.runner.run_search``)
 over a ``ReplayMeasurer`` (answers from a sweep recorded on the H200), writing to a fresh SQLite
 store (``--no-store``: none). With no compiler and no GPU in the loop, the wall time is the
 runner's own cost: sampler, checks, store. The JSON gives, per sampler and budget, the wall time,
@@ -11,9 +11,10 @@ the run summary's time buckets (sample, check, store, compile wait, gpu: here th
 answers), and the long search's wall time over the short one's (the issue's target: at most the
 ratio of the budgets, 5 for 1000 over 200, i.e. a cost per trial that stays flat). On a GPU every
 trial adds its compile and measurement time to both, which this replay does not have.
-Per window of 100 evaluated trials the JSON gives ms per trial of wall time and of each bucket. A
-search of 10 trials runs first, untimed, so that one-off costs (imports, template loading) fall on
-neither search.
+Per window of 100 evaluated trials the JSON gives ms per trial of wall time and of each bucket. This
+process's CPU time is given beside the wall time (on a machine other work shares, the wall time
+of either search moves with that work; the CPU time less so). A search of 10 trials runs first,
+untimed, so that one-off costs (imports, template loading) fall on neither search.
 
 ``--synthetic MxNxK``: instead of a recording, a SYNTHETIC measurer over the family's FULL space
 (the recordings hold 864-4608 points; the full simt space has 25.7M, about a fifth valid), so that
@@ -128,18 +129,18 @@ class _Clocked:
         return len(self.measurer)
 
     def next_done(self):
-        self.marks.append((time.perf_counter(), dict(self.times)))
+        self.marks.append((time.perf_counter(), time.process_time(), dict(self.times)))
         return self.measurer.next_done()
 
 
 def windows(marks: list, evaluated: int) -> list[dict]:
-    """ms per evaluated trial, wall and per bucket, over each WINDOW trials (from one trial's hand-back
-    to the next: the runner's work between two measurements)."""
+    """ms per evaluated trial, wall, this process's CPU time and per bucket, over each WINDOW trials
+    (from one trial's hand-back to the next: the runner's work between two measurements)."""
     out = []
     for lo in range(0, min(len(marks), evaluated) - 1, WINDOW):
         hi = min(lo + WINDOW, len(marks) - 1)
-        (t0, b0), (t1, b1) = marks[lo], marks[hi]
-        out.append({"trials": [lo + 1, hi], "wall_ms": 1000 * (t1 - t0) / (hi - lo),
+        (t0, c0, b0), (t1, c1, b1) = marks[lo], marks[hi]
+        out.append({"trials": [lo + 1, hi], "wall_ms": 1000 * (t1 - t0) / (hi - lo), "cpu_ms": 1000 * (c1 - c0) / (hi - lo),
                     **{f"{k}_ms": 1000 * (b1[k] - b0[k]) / (hi - lo) for k in b0}})
     return out
 
@@ -162,13 +163,13 @@ def one(measurer, sampler: str, budget: int, seed: int, store: bool, seeds) -> d
 
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(runner, "_Timer", Timer):
         db = Store(f"sqlite:///{Path(tmp) / 'cost.db'}") if store else None
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         s = runner.run_search(measurer.problem, measurer.space, clocked, sampler=sampler, seed=seed, budget=budget,
                               store=db, progress=False, seeds=seeds)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         if db is not None:
             db.close()
-    return {"sampler": sampler, "budget": budget, "wall_s": wall, "evaluated": s.evaluated,
+    return {"sampler": sampler, "budget": budget, "wall_s": wall, "cpu_s": cpu, "evaluated": s.evaluated,
             "proposals": s.proposals, "sampler_proposals": s.sampler_proposals, "replaced": s.replaced,
             "valid_fraction": s.valid_fraction, "handover": s.handover, "stopped": s.stopped,
             "best_tflops": s.best["tflops"] if s.best else None,
@@ -204,14 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         from search.measure import ReplayMeasurer
 
         measurer, tried_first = ReplayMeasurer(args.recording), None
-    rows, ratios = [], {}
+    rows, ratios, cpu_ratios = [], {}, {}
     for sampler in args.samplers:
         one(measurer, sampler, min(10, short), args.seed, not args.no_store, tried_first)  # warm-up (imports): not timed
         pair = [one(measurer, sampler, b, args.seed, not args.no_store, tried_first) for b in (short, long_)]
         rows += pair
         ratios[sampler] = pair[1]["wall_s"] / pair[0]["wall_s"]
+        cpu_ratios[sampler] = pair[1]["cpu_s"] / pair[0]["cpu_s"]
         print(f"{sampler}: {short} trials {pair[0]['wall_s']:.1f} s, {long_} trials {pair[1]['wall_s']:.1f} s "
-              f"({ratios[sampler]:.2f}x; target <= {long_ / short:g}x); long: "
+              f"({ratios[sampler]:.2f}x, CPU {cpu_ratios[sampler]:.2f}x; target <= {long_ / short:g}x); long: "
               + ", ".join(f"{k} {v:.1f} s" for k, v in pair[1]["times_s"].items()))
         for w in pair[1]["windows"]:
             print(f"  trials {w['trials'][0]}-{w['trials'][1]}: " + ", ".join(
@@ -237,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
            "versions": {p: metadata.version(p) for p in ("optuna", "sqlalchemy")},
            "command": " ".join(["python3 -m benchmarks.search_cost", *(sys.argv[1:] if argv is None else argv)]),
            "store": None if args.no_store else "fresh SQLite file", "budgets": [short, long_],
-           "target_ratio": long_ / short, "wall_ratio": ratios, "window": WINDOW, "runs": rows}
+           "target_ratio": long_ / short, "wall_ratio": ratios,
+           "cpu_ratio": cpu_ratios, "window": WINDOW, "runs": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     kind = "synthetic-" if args.synthetic else ""
     path = args.out / f"search-cost-{kind}{date.replace(':', '')}.json"
