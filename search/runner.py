@@ -49,6 +49,7 @@ from codegen.evaluate import InternalError, blank_result
 from codegen.families import spec_from_dict
 from codegen.problem import Problem
 from search import DEFAULT_SAMPLER, SAMPLERS
+from search.cmaes import CmaEs
 from search.space import Space, point_of
 
 #: Identical failures in a row (same status, same evidence but for numbers and kernel names)
@@ -78,11 +79,11 @@ def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.B
     if name in ("random", "grid"):
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        return CmaEs(seed=seed, warn_independent_sampling=False)
     if name == "local":
         from search.local import LocalSampler
 
-        return LocalSampler(optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False), seed=seed)
+        return LocalSampler(CmaEs(seed=seed, warn_independent_sampling=False), seed=seed)
     if name == "gp":
         try:
             import scipy  # noqa: F401
@@ -640,9 +641,9 @@ class _Search:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # x0 is deprecated since Optuna 4.9
             try:
-                sampler = optuna.samplers.CmaEsSampler(seed=seed, x0=x0, warn_independent_sampling=False)
+                sampler = CmaEs(seed=seed, x0=x0, warn_independent_sampling=False)
             except TypeError:  # an Optuna without x0: restart from the middle of the space
-                sampler = optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+                sampler = CmaEs(seed=seed, warn_independent_sampling=False)
         if not isinstance(getattr(sampler, "_attr_prefix", None), str):  # an Optuna that keeps its state elsewhere
             if self.sampler == "local":
                 self.study.sampler.fallback = make_sampler("tpe", self.seed, self.space)

@@ -192,3 +192,19 @@ def test_search_cost_plumbing(tmp_path):
     assert "H200" in doc["recording"]["recorded"]["where"]
     with pytest.raises(SystemExit):
         search_cost.main(["--budgets", "8", "4"])
+
+
+def test_search_cost_synthetic_plumbing(tmp_path):
+    """Plumbing only: the synthetic measurer over the full simt space, budgets 12 and 24, a store
+    (the first 12 trials of both coincide, so the longer search's best is at least the shorter's)."""
+    from benchmarks import search_cost
+    from codegen.problem import DType, Problem
+
+    assert search_cost.main(["--synthetic", "1536x2560x1024", "--samplers", "local", "--budgets", "12", "24",
+                             "--out", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("search-cost-synthetic-*.json")).read_text())
+    assert doc["measurer"].startswith("synthetic") and doc["measurement"].startswith("SYNTHETIC")
+    runs = doc["runs"]
+    assert [r["evaluated"] for r in runs] == [12, 24] and runs[1]["best_tflops"] >= runs[0]["best_tflops"] > 0
+    assert runs[1]["windows"][0]["trials"] == [1, 23] and runs[1]["windows"][0]["store_ms"] > 0
+    assert search_cost.SyntheticMeasurer(Problem(1536, 2560, 1024, DType.fp32)).space.size > 10_000_000

@@ -75,3 +75,53 @@ def test_neighbours_stay_inside_the_space(corner):
     study, _ = study_with([(a, b, 9.0), (2, 1, 1.0), (1, 1, 1.0)])
     got = ask(study)
     assert 0 <= got[0] <= 4 and 0 <= got[1] <= 2 and abs(got[0] - a) + abs(got[1] - b) == 1
+
+
+def test_the_state_kept_between_proposals_is_what_a_refit_over_the_study_gives():
+    # made up: a random objective over a 3-dimension space, asked with up to 3 trials running at
+    # once (as the runner's lookahead does), some pruned; after each proposal the sampler's kept
+    # state (tried points, best, model) must equal one computed afresh from every trial
+    import random
+
+    import numpy as np
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists = {"a": IntDistribution(0, 5), "b": IntDistribution(0, 3), "c": IntDistribution(1, 4)}
+    names = sorted(dists)
+    sampler = LocalSampler(optuna.samplers.RandomSampler(seed=1), startup=4, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    rng, running, checked = random.Random(2), [], 0
+    for _ in range(120):
+        trial = study.ask()
+        params = {n: trial.suggest_int(n, dists[n].low, dists[n].high) for n in names}
+        running.append((trial, params))
+        if len(running) > rng.randrange(1, 4):
+            done, p = running.pop(rng.randrange(len(running)))
+            if rng.random() < 0.2:
+                study.tell(done, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(done, float(sum((i + 1) * p[n] for i, n in enumerate(names)) % 7 + rng.random()))
+        seen = sampler._seen
+        trials = study.get_trials(deepcopy=False)
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if seen is None or len(complete) < 4:
+            continue
+        sampler._read(study, names, dists)
+        assert seen.tried == {tuple(t.params[n] for n in names) for t in trials if len(t.params) == 3}
+        best = max(complete, key=lambda t: t.value)
+        assert seen.complete == len(complete) and seen.best[2] == best.params
+        # the model as it was refit from every complete trial at each proposal
+        offset, cols = {}, 0
+        for n in names:
+            offset[n], cols = cols - dists[n].low, cols + dists[n].high - dists[n].low + 1
+        x = np.zeros((len(complete), cols))
+        for row, t in enumerate(complete):
+            for n in names:
+                x[row, offset[n] + t.params[n]] = 1.0
+        y = np.array([t.value for t in complete]) / best.value
+        w = np.linalg.solve(x.T @ x + sampler.ridge * np.eye(cols), x.T @ (y - y.mean()))
+        points = [{n: rng.randint(dists[n].low, dists[n].high) for n in names} for _ in range(5)]
+        expected = [sum(w[offset[n] + p[n]] for n in names) for p in points]
+        assert np.allclose(seen.scores(points, sampler.ridge), expected, rtol=1e-9, atol=1e-12)
+        checked += 1
+    assert checked > 80 and sampler.local_proposals > 5
