@@ -91,7 +91,7 @@ def test_two_pass_reduce_launch_is_shared():
     p = Problem(67, 45, 91)
     step = reduce_launch("k", 3, p)
     assert step.symbol == reduce_symbol("k") == "k_reduce"
-    assert step.grid == (-(-67 * 45 // 1024), 1, 1) and step.block == (256, 1, 1) and step.args == REDUCE_ARGS
+    assert step.grid == (-(-67 * 45 // 256), 1, 1) and step.block == (256, 1, 1) and step.args == REDUCE_ARGS
     assert workspace_bytes(3, p) == 4 * 3 * 67 * 45
     with pytest.raises(ValueError, match="split_k >= 2"):
         reduce_launch("k", 1, p)
