@@ -11,6 +11,7 @@ attached to a source other than the one it measured.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from codegen.families import compile_target, family_of, spec_from_dict
@@ -19,7 +20,7 @@ from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
 
-__all__ = ["MANIFEST_FORMAT", "ExportError", "export_files", "export_kernel", "manifest", "write_export"]
+__all__ = ["MANIFEST_FORMAT", "ExportError", "check_source", "export_files", "export_kernel", "manifest", "source_kernels", "write_export"]
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
 MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
@@ -108,13 +109,54 @@ def _argument(name: str, launch: LaunchPlan, ctype: str) -> dict:
     return {"name": name, "type": ARG_TYPES[name].replace("T*", ctype + "*")}
 
 
+_KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)")
+
+
+def _parameter_type(text: str, ctype: str) -> str:
+    """A C parameter's type, spelled one way: qualifiers that do not change how it is passed dropped,
+    the template's element type T and its TensorMap written as the manifest writes them."""
+    words = [w for w in re.sub(r"\*", " * ", text).split() if w not in ("__restrict__", "__grid_constant__")][:-1]
+    words = [ctype if w == "T" else "CUtensorMap" if w == "TensorMap" else w for w in words]
+    return " ".join(words).replace(" *", "*")
+
+
+def source_kernels(source: str, ctype: str) -> dict[str, list[str]]:
+    """The kernels a CUDA source defines: symbol -> its parameters' types in order."""
+    return {m[1]: [_parameter_type(p, ctype) for p in m[2].split(",") if p.strip()] for m in _KERNEL.finditer(source)}
+
+
+def check_source(doc: dict, source: str) -> None:
+    """Raise ExportError unless ``source`` defines every kernel of the manifest ``doc`` launches, each
+    with the parameter types the manifest passes, in order (a parameter may read as const the
+    workspace the plan passes writable; an output never). A stored source is the text that was
+    measured, while the launch plan is today's code: where the plan changed (a launch added or
+    dropped, an argument retyped or turned from input into output), the stored source no longer
+    fits it and must not be run with it. A change to how a kernel is launched therefore shows in
+    its symbol or its parameters."""
+    ctype = doc["element_type"]
+    defined = source_kernels(source, ctype)
+    for kernel in doc["kernels"]:
+        want = [_parameter_type(a["type"] + " _", ctype) for a in kernel["args"]]
+        have = defined.get(kernel["symbol"])
+        fits = have is not None and len(have) == len(want) and all(
+            h == w or (h == "const " + w and a["name"] == "WS") for h, w, a in zip(have, want, kernel["args"], strict=True))
+        if not fits:
+            found = "is not defined" if have is None else f"takes ({', '.join(have)})"
+            raise ExportError(
+                f"the source of {doc['name']} does not fit today's launch plan: {kernel['symbol']} {found}, but the plan "
+                f"passes ({', '.join(want)}). It was generated for a different plan; measure it again "
+                f"(`codegen bench --kernel {doc['name']} --db ...`) to store today's source")
+
+
 def export_files(spec: KernelSpec, problem: Problem, source: str | None, arch: str,
                  measured: dict | None = None) -> tuple[str, str]:
     """(.cu text, .json text) for ``source``; without one, the spec is rendered now (and the
-    manifest says the source was re-rendered)."""
+    manifest says the source was re-rendered). Raises ExportError where the source does not fit
+    the launch plan (check_source)."""
     rerendered = source is None
     text = render(spec) if rerendered else source
     doc = manifest(spec, problem, arch, measured, source_hash=source_hash(text), rerendered=rerendered)
+    check_source(doc, text)
     return text, json.dumps(doc, indent=2) + "\n"
 
 

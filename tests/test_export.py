@@ -197,3 +197,93 @@ def test_export_files_says_a_source_was_rendered():
     manifest = json.loads(js)
     assert cu == render(spec) and manifest["source_rerendered"] is True
     assert manifest["source_hash"] == source_hash(cu) and manifest["measured"] is None
+
+
+# ---- a stored source must fit today's launch plan ------------------------------------------------------
+def _sampled_specs(per_case: int = 12):
+    """Valid specs of every family, dtype, layout, bias and W (dense, block-sparse): the seeds, then
+    points drawn at random from the family's space."""
+    import random
+
+    from codegen import families
+    from codegen.problem import Layout
+    from codegen.spec import DeviceLimits
+    from search.space import seeds, space_for
+
+    rng, limits = random.Random(7), DeviceLimits.for_arch("sm_90")
+    for family in families.names():
+        layouts = list(Layout) if families.takes_layouts(family) else [Layout.forward]
+        for dtype in getattr(families.get(family), "DTYPES", list(DType)):
+            for layout in layouts:
+                for bias in (False, True):
+                    for block in (0, 32):
+                        if bias and layout is Layout.grad_input:
+                            continue
+                        problem = Problem(256, 512, 384, dtype, layout, bias, block,
+                                          *((0.25, "ab" * 8) if block else ()))
+                        try:
+                            space = space_for(family, dtype, block=block, layout=layout)
+                        except ValueError:
+                            continue
+                        names = list(space.dims)
+                        points = seeds(family, block) + [{n: rng.choice(space.dims[n]) for n in names}
+                                                         for _ in range(20 * per_case)]
+                        found = 0
+                        for point in points:
+                            try:
+                                spec = space.spec(point, problem)
+                            except (KeyError, ValueError, TypeError):
+                                continue
+                            if spec.check(problem, limits):
+                                continue
+                            yield spec, problem
+                            found += 1
+                            if found == per_case:
+                                break
+
+
+def test_every_template_fits_the_launch_plan_of_its_spec():
+    """Today's render of each spec defines every kernel its plan launches, with the plan's argument
+    types in order (the check export runs on stored sources)."""
+    from codegen.export import check_source, manifest
+    from codegen.render import render
+
+    seen = set()
+    for spec, problem in _sampled_specs():
+        doc = manifest(spec, problem, "sm_90")
+        check_source(doc, render(spec))
+        seen.add((spec.family, problem.layout, problem.bias, bool(problem.block), len(doc["kernels"])))
+    assert {f for f, *_ in seen} >= {"simt", "tensorcore", "hopper"} and len(seen) >= 30
+
+
+def test_export_refuses_a_stored_source_the_launch_plan_no_longer_fits(tmp_path):
+    """A one-split grad_weight with bias once wrote db in a kernel of its own and took the bias as a
+    const B; today's plan passes DB to the main kernel and launches no _db. Run with that plan, such
+    a source would leave db unwritten: export refuses it and says to measure again."""
+    from codegen.export import ExportError, export_kernel
+    from codegen.launch import plan
+    from codegen.problem import Layout
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 96, 32, layout=Layout.grad_weight, bias=True)
+    spec = SimtSpec(bias=True, layout=Layout.grad_weight, bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    assert not spec.check(problem) and [s.symbol for s in plan(spec, problem).launches] == [spec.name]
+    today = render(spec)
+    assert "T* __restrict__ DB" in today
+    old = today.replace("T* __restrict__ DB", "const T* __restrict__ B")
+    _measured(store, spec, problem, source_hash(old), old)
+    with pytest.raises(ExportError, match=r"does not fit today's launch plan: .* takes \(float\*, const float\*, "
+                                          r"const float\*, const float\*, .*codegen bench --kernel"):
+        export_kernel(store, spec.name)
+
+    split = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2, reduce="two_pass")
+    dense = Problem(64, 64, 64)
+    whole = render(split)
+    cut = whole[:whole.index("// Second pass of split-K")]  # a source without the plan's second pass
+    _measured(store, split, dense, source_hash(cut), cut)
+    with pytest.raises(ExportError, match=rf"{split.name}_reduce is not defined"):
+        export_kernel(store, split.name)
+    _measured(store, split, dense, source_hash(whole), whole, ms=0.005)
+    assert export_kernel(store, split.name)[0] == whole
