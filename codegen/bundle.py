@@ -131,7 +131,12 @@ class Bundle:
 
 class StoreKernels:
     """The same lookup as ``Bundle.find``, answered by a store: its fastest ok kernel for the problem
-    measured on the device, exported as ``codegen export --best`` would."""
+    measured on the device, exported as ``codegen export --best`` would. A kernel whose stored source
+    no longer fits today's launch plan (codegen.export.check_source) is passed over for the next
+    fastest, and named in the reason where none is left."""
+
+    #: How many of a problem's fastest kernels are looked at, fastest first.
+    CANDIDATES = 16
 
     def __init__(self, store) -> None:
         self.store = store
@@ -140,20 +145,26 @@ class StoreKernels:
     def find(self, problem: Problem, device: str) -> KernelFile | str:
         from codegen.export import ExportError, export_kernel
 
-        rows = self.store.best(problem)
+        rows = self.store.best(problem, per_problem=self.CANDIDATES)
         if not rows:
             return f"no ok kernel for {problem.key} in {self.location}"
-        here = [r for r in rows if r["device"] == device]
+        here = sorted((r for r in rows if r["device"] == device), key=lambda r: (r["median_ms"], r["id"]))
         if not here:
             return (f"{self.location} has {problem.key} tuned on {', '.join(sorted({r['device'] for r in rows}))}, "
                     f"not on {device}")
-        row = min(here, key=lambda r: (r["median_ms"], r["id"]))
-        try:
-            cu, js = export_kernel(self.store, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
-                                   device_id=row["device_id"])
-        except ExportError as e:
-            return str(e)
-        return KernelFile(json.loads(js), cu, f"store {self.location}")
+        refused = []
+        for row in here:
+            try:
+                cu, js = export_kernel(self.store, row["kernel"], problem, arch=row["arch"],
+                                       source_hash=row["source_hash"], device_id=row["device_id"])
+            except ExportError as e:
+                if "does not fit today's launch plan" not in str(e):
+                    return str(e)
+                refused.append(str(e))
+                continue
+            return KernelFile(json.loads(js), cu, f"store {self.location}")
+        return (f"none of the {len(here)} fastest kernels for {problem.key} in {self.location} fits today's launch plan; "
+                f"the fastest: {refused[0]}")
 
 
 class SeedKernels:

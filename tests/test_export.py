@@ -287,3 +287,25 @@ def test_export_refuses_a_stored_source_the_launch_plan_no_longer_fits(tmp_path)
         export_kernel(store, split.name)
     _measured(store, split, dense, source_hash(whole), whole, ms=0.005)
     assert export_kernel(store, split.name)[0] == whole
+
+
+def test_the_store_lookup_passes_over_a_stored_source_that_no_longer_fits(tmp_path):
+    """codegen.nn asks the store for a problem's fastest kernel: one whose stored source today's plan
+    cannot run (an older reduce symbol) is passed over for the next fastest, never run."""
+    from codegen.bundle import StoreKernels
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    spec = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2, reduce="two_pass")
+    problem = Problem(64, 64, 64)
+    whole = render(spec)
+    old = whole.replace(f"{spec.name}_reduce4(", f"{spec.name}_reduce(")
+    _measured(store, spec, problem, source_hash(old), old, ms=0.004)
+    lookup = StoreKernels(store)
+    reason = lookup.find(problem, "NVIDIA H200")
+    assert isinstance(reason, str) and "none of the 1 fastest kernels" in reason and "_reduce4 is not defined" in reason
+    _measured(store, spec, problem, source_hash(whole), whole, ms=0.005)
+    found = lookup.find(problem, "NVIDIA H200")
+    assert not isinstance(found, str) and found.source == whole
+    assert found.manifest["measured"]["median_ms"] == 0.005
