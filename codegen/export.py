@@ -89,7 +89,7 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "workspace_bytes": launch.workspace_bytes,
         "zero_output_first": launch.zero_output,
         "grid_rule": grid_rule(spec),
-        "arguments_note": ARGUMENTS[problem.layout] + "; WS is the float32 workspace, 16-byte aligned (null when workspace_bytes is 0)"
+        "arguments_note": ARGUMENTS[problem.layout] + "; WS is the float32 workspace (null when workspace_bytes is 0)"
                           + ("; a CUtensorMap argument is 128 bytes passed by value, encoded on the host with "
                              "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
                              "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),

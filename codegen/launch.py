@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_OUTPUTS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
     "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "launched_grid",
     "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
@@ -66,7 +66,6 @@ BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{bl
             "CI[nnzb] (int32) the block columns kept, ascending in each row")
 REDUCE_ARGS = ("Y", "B", "WS", "M", "N")
 REDUCE_THREADS = 256
-REDUCE_OUTPUTS = 4  # consecutive outputs a reduce thread sums
 #: The pack prepass's arguments (templates/common.cuh.j2, pack_kernel).
 PACK_ARGS = ("WS", "X", "W", "M", "N", "K")
 PACK_THREADS = 256
@@ -211,7 +210,7 @@ class LaunchPlan:
 # ---- the two-pass split-K reduce (templates/common.cuh.j2, reduce_kernel) ----------------------------
 def reduce_symbol(name: str) -> str:
     """Symbol of the reduce kernel that goes with the main kernel ``name``."""
-    return name + "_reduce4"
+    return name + "_reduce"
 
 
 def workspace_bytes(split_k: int, problem: Problem) -> int:
@@ -240,13 +239,13 @@ def db_rule(spec_name: str) -> str:
 
 
 def reduce_launch(spec_name: str, split_k: int, problem: Problem) -> KernelLaunch:
-    """Second pass: Y = sum of the ``split_k`` partial sums in WS (+ B), four outputs per thread."""
+    """Second pass: Y = sum of the ``split_k`` partial sums in WS (+ B), one thread per output."""
     if split_k < 2:
         raise ValueError(f"a two-pass reduce needs split_k >= 2, got {split_k}")
     total = problem.m * problem.n
     return KernelLaunch(
         symbol=reduce_symbol(spec_name),
-        grid=(-(-total // (REDUCE_OUTPUTS * REDUCE_THREADS)), 1, 1),
+        grid=(-(-total // REDUCE_THREADS), 1, 1),
         block=(REDUCE_THREADS, 1, 1),
         smem=0,
         args=layout_args(REDUCE_ARGS, problem.layout),
@@ -255,8 +254,7 @@ def reduce_launch(spec_name: str, split_k: int, problem: Problem) -> KernelLaunc
 
 def reduce_rule(spec_name: str, split_k: int) -> str:
     """The reduce launch and its workspace for any M, N, in words."""
-    return (f"{reduce_symbol(spec_name)}: grid = (ceil(M*N/{REDUCE_OUTPUTS * REDUCE_THREADS}), 1, 1), "
-            f"block = ({REDUCE_THREADS}, 1, 1)"
+    return (f"{reduce_symbol(spec_name)}: grid = (ceil(M*N/{REDUCE_THREADS}), 1, 1), block = ({REDUCE_THREADS}, 1, 1)"
             f"; workspace WS = 4*{split_k}*M*N bytes")
 
 

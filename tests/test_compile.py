@@ -1,7 +1,7 @@
 """Compiler tier (CPU, no GPU): render and NVRTC-compile a grid of SIMT specs for sm_80 and sm_90.
 
 Checks what each spec promises in the ptxas report and the SASS: one entry function per kernel
-(plus ``<name>_reduce4`` for two-pass split-K) with registers, no spills on default-ish specs, and
+(plus ``<name>_reduce`` for two-pass split-K) with registers, no spills on default-ish specs, and
 global loads exactly as wide as the spec's vector width.
 """
 
@@ -152,7 +152,7 @@ def compiled(spec: SimtSpec, arch: str) -> CompileResult:
 
 
 def entry_functions(spec: SimtSpec) -> set[str]:
-    return {spec.name, spec.name + "_reduce4"} if spec.reduce == "two_pass" else {spec.name}
+    return {spec.name, spec.name + "_reduce"} if spec.reduce == "two_pass" else {spec.name}
 
 
 # ---- the grid itself --------------------------------------------------------------------------------
@@ -221,10 +221,10 @@ def test_rendered_source_names_the_kernel_and_omits_what_is_off():
     assert "_nobias_" in plain and "B[c]" not in plain
     assert "B[c]" in biased
     two_pass = render(_spec(T4X4, bk=16, split_k=2, reduce="two_pass"))
-    assert "_reduce4(" in two_pass and "_reduce4(" not in plain
+    assert "_reduce(" in two_pass and "_reduce(" not in plain
     assert "atomicAdd" in render(_spec(T4X4, bk=16, split_k=2, reduce="atomic"))
     cluster = render(_spec(T4X4, bk=16, split_k=2, reduce="cluster"))
-    assert "ld.shared::cluster" in cluster and "_reduce4(" not in cluster and "WS[" not in cluster
+    assert "ld.shared::cluster" in cluster and "_reduce(" not in cluster and "WS[" not in cluster
     assert "barrier.cluster" not in two_pass
     assert "extern __shared__" not in render(GRID[0])
 
@@ -290,7 +290,7 @@ def test_sass_names_each_kernel_of_a_two_pass_spec():
     spec = _spec(T4X4, bk=16, split_k=2, reduce="two_pass")
     text = sass.disassemble(compiled(spec, "sm_90").cubin)
     assert set(sass.functions(text)) == entry_functions(spec)
-    assert sass.global_load_widths(text, spec.name + "_reduce4")[128] > 0  # the workspace, 16 bytes a read
+    assert sass.global_load_widths(text, spec.name + "_reduce")[128] == 0
     with pytest.raises(KeyError, match="no function"):
         sass.global_load_widths(text, "nope")
 

@@ -49,7 +49,7 @@ def test_export_best_writes_a_self_contained_pair(stored, tmp_path):
     cu = (tmp_path / "x" / f"{name}.cu").read_text()
     manifest = json.loads((tmp_path / "x" / f"{name}.json").read_text())
     assert 'extern "C" __global__' in cu and "gemmscape" not in manifest["includes"]["note"]
-    assert [k["symbol"] for k in manifest["kernels"]] == [name, name + "_reduce4"]
+    assert [k["symbol"] for k in manifest["kernels"]] == [name, name + "_reduce"]
     assert [a["name"] for a in manifest["kernels"][0]["args"]] == ["Y", "X", "W", "B", "WS", "M", "N", "K"]
     assert manifest["kernels"][0]["args"][0]["type"] == "__nv_bfloat16*"
     assert manifest["workspace_bytes"] == 4 * 3 * 67 * 45
@@ -283,7 +283,7 @@ def test_export_refuses_a_stored_source_the_launch_plan_no_longer_fits(tmp_path)
     whole = render(split)
     cut = whole[:whole.index("// Second pass of split-K")]  # a source without the plan's second pass
     _measured(store, split, dense, source_hash(cut), cut)
-    with pytest.raises(ExportError, match=rf"{split.name}_reduce4 is not defined"):
+    with pytest.raises(ExportError, match=rf"{split.name}_reduce is not defined"):
         export_kernel(store, split.name)
     _measured(store, split, dense, source_hash(whole), whole, ms=0.005)
     assert export_kernel(store, split.name)[0] == whole

@@ -90,8 +90,8 @@ def test_a_family_module_must_name_itself(tmp_path, monkeypatch):
 def test_two_pass_reduce_launch_is_shared():
     p = Problem(67, 45, 91)
     step = reduce_launch("k", 3, p)
-    assert step.symbol == reduce_symbol("k") == "k_reduce4"
-    assert step.grid == (-(-67 * 45 // 1024), 1, 1) and step.block == (256, 1, 1) and step.args == REDUCE_ARGS
+    assert step.symbol == reduce_symbol("k") == "k_reduce"
+    assert step.grid == (-(-67 * 45 // 256), 1, 1) and step.block == (256, 1, 1) and step.args == REDUCE_ARGS
     assert workspace_bytes(3, p) == 4 * 3 * 67 * 45
     with pytest.raises(ValueError, match="split_k >= 2"):
         reduce_launch("k", 1, p)
@@ -108,10 +108,10 @@ def test_common_pieces_are_written_once_and_used_by_simt():
                   "void split_range(int split, int K, int BK, int SPLIT_K, int& k_begin, int& k_end)"):
         assert piece in common and source.count(piece) == 1
     assert "macro reduce_kernel(name, split_k, bias)" in common and "macro store_element(reduce, bias)" in common
-    assert (f'extern "C" __global__ void __launch_bounds__(256)\n{spec.name}_reduce4(T* __restrict__ Y, '
+    assert (f'extern "C" __global__ void __launch_bounds__(256)\n{spec.name}_reduce(T* __restrict__ Y, '
             f"const T* __restrict__ B, const float* __restrict__ WS, int M, int N)") in source
     simt = (templates.DIR / "simt.cu.j2").read_text()
-    assert "_reduce4(" not in simt and "atomicAdd" not in simt and "per_group" not in simt
+    assert "_reduce(" not in simt and "atomicAdd" not in simt and "per_group" not in simt
 
 
 def test_common_macros_can_be_imported_without_context():

@@ -23,12 +23,11 @@ from tests.compiled import compile_all
 GI, GW = Layout.grad_input, Layout.grad_weight
 
 #: Forward sources as main rendered them before the backward layouts existed (sha256 of the text):
-#: the backward layouts must not change a byte of any forward kernel. (The two two-pass split-K pins were
-#: re-taken on 2026-12-03, when the shared reduce kernel became ``_reduce4``; the main kernels did not change.)
+#: the backward layouts must not change a byte of any forward kernel.
 FORWARD_PINS = {
     SimtSpec(): "8bee36bb50415940cb46904ad8db4a5cbd0b2e556fffc9f7b6878d7224e5cd3a",
     SimtSpec(dtype="bf16", bias=True, copy="async", pad=8, stages=3, bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8,
-             split_k=8, reduce="two_pass"): "0af83263e24e0c4d39ceea481527328c114373ba2d1ad74f0116fa17e68967e2",
+             split_k=8, reduce="two_pass"): "469e8ad12dc6983ce90133c144b30e83887bfa6574a3efd618db858df142da59",
     SimtSpec(dtype="fp32", bias=True, split_k=4, reduce="atomic"):
         "4ea53f9fa97da8e7c9e52a8a0badabf31fcd30836e89e29d36d4e1f7bfa1f0e1",
     SimtSpec(bk=1, pad=0, vec=1, stages=0, bm=64, bn=64, wm=32, wn=32, tm=4, tn=8):
@@ -41,7 +40,7 @@ FORWARD_PINS = {
     TcSpec(dtype="tf32", bias=True, prepass="pack", split_k=2, reduce="atomic", epilogue="direct"):
         "fd25581f970475fb6828cda524825664b103c7fefa6412ef37235b7c5fd118cf",
     TcSpec(dtype="bf16", bm=32, bn=16, bk=256, wm=16, wn=16, warps_k=4, split_k=2, reduce="two_pass"):
-        "e754c9a4150c1aeaf8c9430f52266d1f8aa4e1ce79ae580f32f0044652bae537",
+        "a1eb9dab8715e11e09a30c2bad5e91c41ba1e4f14cc1feac4cc824f5329d4f67",
     TcSpec(dtype="bf16", block=32, bn=32, wn=32, bm=128, wm=64):
         "a57b4ed6e8bb86e3745d4f1ca29c5268c6afea3f00633513380892f55087d218",
 }
@@ -254,7 +253,7 @@ def test_plans_name_the_arrays_of_the_layout():
     assert [s.args for s in gi.launches] == [("DX", "DY", "W", "B", "WS", "M", "N", "K")]
     spec = SimtSpec(layout=GW, bias=True, split_k=2, reduce="two_pass")
     gw = plan(spec, Problem(67, 45, 91, layout=GW, bias=True))
-    assert [s.symbol for s in gw.launches] == [spec.name, spec.name + "_reduce4", spec.name + "_db"]
+    assert [s.symbol for s in gw.launches] == [spec.name, spec.name + "_reduce", spec.name + "_db"]
     assert gw.launches[0].args[:3] == ("DW", "DY", "X") and gw.launches[1].args[0] == "DW"
     db = gw.launches[2]
     assert db.args == ("DB", "DY", "M", "K") and db.grid == (3, 1, 1) and db.block[0] >= 32
@@ -274,7 +273,7 @@ def test_export_manifests_carry_the_layout_and_the_arrays():
     spec = TcSpec(layout=GW, bias=True, split_k=2, reduce="two_pass")
     doc = manifest(spec, Problem(4096, 4096, 32, DType.bf16, GW, bias=True), "sm_90")
     assert doc["problem"]["layout"] == "grad_weight" and doc["spec"]["layout"] == "grad_weight"
-    assert [k["symbol"] for k in doc["kernels"]] == [spec.name, spec.name + "_reduce4", spec.name + "_db"]
+    assert [k["symbol"] for k in doc["kernels"]] == [spec.name, spec.name + "_reduce", spec.name + "_db"]
     assert [a["name"] for a in doc["kernels"][0]["args"]][:3] == ["DW", "DY", "X"]
     assert doc["kernels"][0]["args"][0]["type"] == "__nv_bfloat16*" and doc["kernels"][0]["args"][1]["type"] == \
         "const __nv_bfloat16*"
@@ -381,10 +380,10 @@ def compiled():
 
 
 def _assert_plan_functions_without_spills(spec, arch, report):
-    """The cubin holds the kernel, its _reduce4 (two-pass) and its _db (bias, unless the kernel sums
+    """The cubin holds the kernel, its _reduce (two-pass) and its _db (bias, unless the kernel sums
     db itself), and none spills."""
     two_pass = getattr(spec, "reduce", "two_pass" if getattr(spec, "split_k", 1) > 1 else "none") == "two_pass"
-    expected = {spec.name} | ({spec.name + "_reduce4"} if two_pass else set()) | (
+    expected = {spec.name} | ({spec.name + "_reduce"} if two_pass else set()) | (
         {spec.name + "_db"} if spec.bias and not getattr(spec, "fused_db", False) else set())
     assert set(report) == expected, (arch, report)
     for fn, r in report.items():

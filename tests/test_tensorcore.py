@@ -116,7 +116,7 @@ def test_plan_grids_workspace_and_kernels():
 
     spec = Spec(**dict(SQUARE, prepass="pack", split_k=2, reduce="two_pass"))
     p = plan(spec, problem)
-    assert [x.symbol for x in p.launches] == [spec.name + "_pack", spec.name, spec.name + "_reduce4"]
+    assert [x.symbol for x in p.launches] == [spec.name + "_pack", spec.name, spec.name + "_reduce"]
     assert packed_k(spec.chunk_elems, 4093) == 4096
     partials = -(-(4 * 2 * 4097 * 4095) // 16) * 16
     assert p.workspace_bytes == partials + (4097 + 4095) * 4096 * 2
@@ -163,7 +163,7 @@ def test_every_spec_compiles_with_tensor_core_instructions(compiled):
                 assert ops["LDSM"] > 0, f"{spec.name} {arch}: mma.sync without ldmatrix"
             assert result.report[spec.name]["registers"] > 0
             expected = {spec.name} | ({spec.name + "_pack"} if spec.prepass == "pack" else set()) | (
-                {spec.name + "_reduce4"} if spec.reduce == "two_pass" else set())
+                {spec.name + "_reduce"} if spec.reduce == "two_pass" else set())
             assert set(sass.functions(text)) == expected
 
 
