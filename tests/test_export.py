@@ -100,7 +100,7 @@ def test_results_table_lists_the_best_per_problem(stored):
 
 
 # ---- the measured source is what ships ---------------------------------------------------------------
-def _measured(store, spec, problem, source_hash, source=None, ms=0.01):
+def _measured(store, spec, problem, source_hash, source=None, ms=0.01, p80=None):
     """A kernel measured with ``source_hash``; its text is stored only when ``source`` is given."""
     device = store.device({"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"})
     record = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": "sm_90",
@@ -108,7 +108,7 @@ def _measured(store, spec, problem, source_hash, source=None, ms=0.01):
     if source is not None:
         record["source"] = source
     store.kernel(record)
-    result = {"status": "ok", "evidence": "", "median_ms": ms, "p20_ms": ms, "p80_ms": ms, "times_ms": [ms],
+    result = {"status": "ok", "evidence": "", "median_ms": ms, "p20_ms": ms, "p80_ms": p80 or ms, "times_ms": [ms],
               "tflops": 1.0, "gbps": 1.0, "rel_error": 1e-7, "baselines": {}, "ratio": {}}
     store.add_trial(None, spec.name, "sm_90", problem, device, None, result, spec.to_dict(), source_hash=source_hash)
 
@@ -300,12 +300,35 @@ def test_the_store_lookup_passes_over_a_stored_source_that_no_longer_fits(tmp_pa
     spec = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2, reduce="two_pass")
     problem = Problem(64, 64, 64)
     whole = render(spec)
-    old = whole.replace(f"{spec.name}_reduce4(", f"{spec.name}_reduce(")
+    old = whole.replace(f"{spec.name}_reduce(", f"{spec.name}_sum(")  # as if the reduce had been named otherwise
     _measured(store, spec, problem, source_hash(old), old, ms=0.004)
     lookup = StoreKernels(store)
     reason = lookup.find(problem, "NVIDIA H200")
-    assert isinstance(reason, str) and "none of the 1 fastest kernels" in reason and "_reduce4 is not defined" in reason
+    assert isinstance(reason, str) and "none of the 1 fastest kernels" in reason and "_reduce is not defined" in reason
     _measured(store, spec, problem, source_hash(whole), whole, ms=0.005)
     found = lookup.find(problem, "NVIDIA H200")
     assert not isinstance(found, str) and found.source == whole
     assert found.manifest["measured"]["median_ms"] == 0.005
+
+
+@pytest.mark.parametrize("two_pass_ms, picked", [(0.0042, "two_pass"), (0.0050, "atomic")])
+def test_a_tie_within_the_fastest_spread_goes_to_the_plan_that_does_not_zero_its_output(tmp_path, two_pass_ms, picked):
+    """Atomic split-K zeroes its output first; alone it may time as fast as the two-pass reduce of the
+    same tile and still run slower inside a train step. Within the fastest's 80th percentile the
+    lookup takes the plan without the zeroing; beyond it, the fastest."""
+    from codegen.bundle import StoreKernels, write_bundle
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    tile = dict(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2)
+    specs = {"atomic": SimtSpec(**tile, reduce="atomic"), "two_pass": SimtSpec(**tile, reduce="two_pass")}
+    for reduce, ms, p80 in (("atomic", 0.0040, 0.0045), ("two_pass", two_pass_ms, two_pass_ms * 1.05)):
+        text = render(specs[reduce])
+        _measured(store, specs[reduce], problem, source_hash(text), text, ms=ms, p80=p80)
+    found = StoreKernels(store).find(problem, "NVIDIA H200")
+    assert not isinstance(found, str) and found.manifest["name"] == specs[picked].name
+    assert found.manifest["zero_output_first"] is (picked == "atomic")
+    index = write_bundle(store, tmp_path / "bundle")
+    assert [e["kernel"] for e in index["kernels"]] == [specs[picked].name] and not index["skipped"]
