@@ -24,7 +24,7 @@ from pathlib import Path
 from codegen import families
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
-from search import DEFAULT_SAMPLER, SAMPLERS
+from search import DEFAULT_SAMPLER, GPU_LOOKAHEAD, SAMPLERS
 
 DEFAULT_FAMILY = "simt"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -1079,7 +1079,8 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
                    help="try no known points first: neither the store's (warm start) nor the family's built-in seeds")
     add_gpu_args(p, timeout=30.0)
     p.add_argument("--no-store", action="store_true", help="do not record the trials")
-    p.add_argument("--lookahead", type=positive_int, default=4, help="candidates compiling ahead of the GPU")
+    p.add_argument("--lookahead", type=positive_int, default=GPU_LOOKAHEAD,
+                   help="candidates compiling ahead of the GPU; search.GPU_LOOKAHEAD says why this many")
     p.add_argument("--gpus", metavar="all|0,1,...", default=None,
                    help="measure on these GPUs, one worker each, over one study (default: GPU 0)")
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")

@@ -123,6 +123,7 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
     tqdm bar counts all trials. Results come per problem, in family order."""
     from tqdm import tqdm
 
+    from search import GPU_LOOKAHEAD
     from search.runner import run_search
     from search.space import space_for
 
@@ -164,7 +165,7 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
 
                     points = [s.point for s in builtin_seeds(problem, space_here, measurer.limits)] or None
                 summary = run_search(problem, space_here, _Counting(measurer, bar), sampler=sampler, seed=seed,
-                                     budget=budget, space_name=space_name, store=store,
+                                     budget=budget, space_name=space_name, store=store, lookahead=GPU_LOOKAHEAD,
                                      progress=False, command=command, versions=versions or {}, seeds=points)
             finally:
                 measurer.close()

@@ -323,7 +323,7 @@ def test_every_option_shows_its_default_in_help(family):
 
 def test_help_shows_defaults_and_exit_codes(capsys):
     code, out, _ = run(["search", "--help"], capsys)
-    assert code == 0 and "--lookahead LOOKAHEAD" in out and "(default: 4)" in out and "$GEMMSCAPE_DB" in out
+    assert code == 0 and "--lookahead LOOKAHEAD" in out and "(default: 12)" in out and "$GEMMSCAPE_DB" in out
     code, out, _ = run(["--help"], capsys)
     assert code == 0 and "exit codes: 0" in out and "2 a usage error" in out
 
