@@ -52,9 +52,9 @@ def _slug(text: str) -> str:
 
 def write_bundle(store, out: Path, *, device_id: int | None = None, family: str | None = None,
                  include_recorded: bool = True) -> dict:
-    """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem (on each device, or on ``device_id``; of
-    ``family`` if given) into ``out`` with one index.json; returns the index. Kernels that cannot
-    be exported (no stored source of the measured kernel, and the templates render another) are
+    """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem
+    (on each device, or on ``device_id``; of ``family`` if given) into ``out`` with one index.json;
+    returns the index. Kernels that cannot be exported (no stored source of the measured kernel, and the templates render another) are
     listed under ``skipped`` with the reason, never shipped with a measurement of other source."""
     from codegen.export import write_export
 
@@ -144,7 +144,7 @@ def pick_stored(store, problem: Problem, rows: list[dict]) -> tuple[dict, str, s
     break), one whose plan does not zero its output first. On the H200 (2026-12-04) an atomic split-K
     forward, 40.9 us alone against 41.3 for the two-pass one of the same tile, took 49.4 us in the train
     step where the two-pass one took 42 (benchmarks/NOTES.md)."""
-    from codegen.export import ExportError, export_kernel
+    from codegen.export import ExportError, SourceMismatch, export_kernel
 
     fitting, refused = [], []
     for row in sorted(rows, key=lambda r: (r["median_ms"], r["id"])):
@@ -153,11 +153,11 @@ def pick_stored(store, problem: Problem, rows: list[dict]) -> tuple[dict, str, s
         try:
             cu, js = export_kernel(store, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
                                    device_id=row["device_id"])
-        except ExportError as e:
-            if "does not fit today's launch plan" not in str(e):
-                return str(e)
+        except SourceMismatch as e:
             refused.append(str(e))
             continue
+        except ExportError as e:
+            return str(e)
         fitting.append((row, cu, js))
     if not fitting:
         return (f"none of the {len(rows)} fastest kernels for {problem.key} in {store.location} fits today's launch "

@@ -20,7 +20,7 @@ from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
 
-__all__ = ["MANIFEST_FORMAT", "ExportError", "check_source", "export_files", "export_kernel", "manifest", "source_kernels", "write_export"]
+__all__ = ["MANIFEST_FORMAT", "ExportError", "SourceMismatch", "check_source", "export_files", "export_kernel", "manifest", "source_kernels", "write_export"]
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
 MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
@@ -109,6 +109,10 @@ def _argument(name: str, launch: LaunchPlan, ctype: str) -> dict:
     return {"name": name, "type": ARG_TYPES[name].replace("T*", ctype + "*")}
 
 
+class SourceMismatch(ExportError):
+    """A stored source that does not fit today's launch plan (check_source): measure it again."""
+
+
 _KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)")
 
 
@@ -126,8 +130,8 @@ def source_kernels(source: str, ctype: str) -> dict[str, list[str]]:
 
 
 def check_source(doc: dict, source: str) -> None:
-    """Raise ExportError unless ``source`` defines every kernel of the manifest ``doc`` launches, each
-    with the parameter types the manifest passes, in order (a parameter may read as const the
+    """Raise SourceMismatch (an ExportError) unless ``source`` defines every kernel the manifest
+    ``doc`` launches, each with the parameter types the manifest passes, in order (a parameter may read as const the
     workspace the plan passes writable; an output never). A stored source is the text that was
     measured, while the launch plan is today's code: where the plan changed (a launch added or
     dropped, an argument retyped or turned from input into output), the stored source no longer
@@ -142,7 +146,7 @@ def check_source(doc: dict, source: str) -> None:
             h == w or (h == "const " + w and a["name"] == "WS") for h, w, a in zip(have, want, kernel["args"], strict=True))
         if not fits:
             found = "is not defined" if have is None else f"takes ({', '.join(have)})"
-            raise ExportError(
+            raise SourceMismatch(
                 f"the source of {doc['name']} does not fit today's launch plan: {kernel['symbol']} {found}, but the plan "
                 f"passes ({', '.join(want)}). It was generated for a different plan; measure it again "
                 f"(`codegen bench --kernel {doc['name']} --db ...`) to store today's source")
