@@ -131,8 +131,8 @@ def source_kernels(source: str, ctype: str) -> dict[str, list[str]]:
 
 def check_source(doc: dict, source: str) -> None:
     """Raise SourceMismatch (an ExportError) unless ``source`` defines every kernel the manifest
-    ``doc`` launches, each with the parameter types the manifest passes, in order (a parameter may read as const the
-    workspace the plan passes writable; an output never). A stored source is the text that was
+    ``doc`` launches, each with the parameter types the manifest passes, in order (a parameter may
+    read as const the workspace the plan passes writable; an output never). A stored source is the text that was
     measured, while the launch plan is today's code: where the plan changed (a launch added or
     dropped, an argument retyped or turned from input into output), the stored source no longer
     fits it and must not be run with it. A change to how a kernel is launched therefore shows in
