@@ -12,6 +12,7 @@ from pathlib import Path
 
 from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import DType, Problem
+from codegen.render import render
 from codegen.sparse import Pattern, problem_for
 from store import Store
 
@@ -20,8 +21,20 @@ OTHER = {"name": "Test GPU 9000", "sm": "sm_80", "driver": "1.0", "nvrtc": "13.0
 DENSE = Problem(1024, 1024, 1024)
 SKINNY = Problem(32, 4096, 4096, dtype=DType.bf16, bias=True)
 HOSTILE_EVIDENCE = "error: <script>alert('x')</script> expected ';'"
-SOURCE = 'extern "C" __global__ void k(float* y) {\n  // <b>not html</b>\n  y[0] = 1.0f;\n}\n'
-SOURCE_HASH = hashlib.sha256(SOURCE.encode()).hexdigest()
+
+
+def source_of(spec) -> str:
+    """The kernel's rendered source (so that export takes it; for the fixture's variants that are no
+    valid kernel, a stub that export refuses) with a line the page must not read as HTML."""
+    try:
+        text = render(spec)
+    except ValueError:
+        text = f'extern "C" __global__ void {spec.name}(float* y) {{\n  y[0] = 1.0f;\n}}\n'
+    return text + "// <b>not html</b>\n"
+
+
+def hash_of(spec) -> str:
+    return hashlib.sha256(source_of(spec).encode()).hexdigest()
 
 
 #: Synthetic sparse results: (dtype, block) -> (density, speedup over dense cuBLAS, torch BSR's speedup).
@@ -65,7 +78,7 @@ def variant(i: int, dtype: DType = DType.fp32, bias: bool = False) -> SimtSpec:
 def record(spec: SimtSpec, compiled: bool = True) -> dict:
     rec = {"name": spec.name, "family": "simt", "spec": spec.to_dict(), "arch": "sm_90"}
     if compiled:
-        rec |= {"source": SOURCE, "source_hash": SOURCE_HASH, "options": ["-arch=sm_90", "-std=c++17"], "log": "",
+        rec |= {"source": source_of(spec), "source_hash": hash_of(spec), "options": ["-arch=sm_90", "-std=c++17"], "log": "",
                 "report": {spec.name: {"registers": 96, "stack": 0, "spill_stores": 0, "spill_loads": 0,
                                        "barriers": 1}}}  # fmt: skip
     return rec
@@ -83,7 +96,7 @@ def search(store: Store, dev: int, sampler: str, seed: int, statuses: dict[int, 
         else:
             result = ok(0.2 + 0.05 * (spec.pad % 4) + 0.01 * spec.group_m + 0.001 * seed, DENSE, 0.07)
         store.add_trial(run, spec.name, "sm_90", DENSE, dev, n, result, spec.to_dict(),
-                        source_hash=SOURCE_HASH if compiled else None)
+                        source_hash=hash_of(spec) if compiled else None)
     store.end_run(run)
 
 
@@ -96,9 +109,9 @@ def build(url: str, sparse: bool = True) -> None:
     bench = variant(0, DType.bf16, bias=True)
     store.kernel(record(bench))
     store.add_trial(None, bench.name, "sm_90", SKINNY, h200, None, ok(0.05, SKINNY, 0.019), bench.to_dict(),
-                    source_hash=SOURCE_HASH)
+                    source_hash=hash_of(bench))
     store.add_trial(None, bench.name, "sm_90", SKINNY, other, None, ok(0.08, SKINNY, 0.03), bench.to_dict(),
-                    source_hash=SOURCE_HASH)
+                    source_hash=hash_of(bench))
     for (dtype, block), points in SPARSE.items() if sparse else ():
         dense = DENSE_MS[dtype]
         semi = {"cusparselt": CUSPARSELT_MS[dtype]} if dtype in CUSPARSELT_MS else {}
@@ -108,7 +121,7 @@ def build(url: str, sparse: bool = True) -> None:
             problem = sparse_problem(dtype, block, density)
             result = ok(dense / speedup, problem, dense, torch_bsr=dense / torch_speedup, **semi)
             store.add_trial(None, spec.name, "sm_90", problem, h200, None, result, spec.to_dict(),
-                            source_hash=SOURCE_HASH)  # fmt: skip
+                            source_hash=hash_of(spec))  # fmt: skip
     store.close()
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, SOURCE, build, sparse_problem
+from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, build, source_of, sparse_problem
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
+from codegen import families
 from codegen.problem import DType
 from store import Store
 
@@ -107,7 +108,8 @@ class TestPagesOnFixture:
     def test_kernel_source_is_code_not_html(self) -> None:
         at = open_page("Kernel")
         cpp = [c for c in at.code if c.language == "cpp"]
-        assert [c.value for c in cpp] == [SOURCE.rstrip()]
+        shown = families.spec_from_name(at.sidebar.selectbox(key="kernel_name").value)
+        assert [c.value for c in cpp] == [source_of(shown).rstrip()]
         assert all("<b>" not in m.value for m in at.markdown)
         assert at.get("vega_lite_chart"), "timing spread chart"
         assert at.json and "pad" in at.json[0].value
@@ -213,7 +215,7 @@ def test_kernel_page_keeps_each_source_of_a_name_apart(tmp_path: Path, monkeypat
     store = Store(url)
     dev = store.device(H200)
     spec = variant(0)
-    for text, ms in ((SOURCE, 0.3), (SOURCE + "// a later template\n", 0.2)):
+    for text, ms in ((source_of(spec), 0.3), (source_of(spec) + "// a later template\n", 0.2)):
         store.kernel({**record(spec), "source": text, "source_hash": None})
         store.add_trial(None, spec.name, "sm_90", DENSE, dev, None, ok(ms, DENSE, 0.07), spec.to_dict(),
                         source_hash=store.kernel_record(spec.name, "sm_90")["source_hash"])
@@ -221,10 +223,10 @@ def test_kernel_page_keeps_each_source_of_a_name_apart(tmp_path: Path, monkeypat
     monkeypatch.setenv("GEMMSCAPE_DB", url)
     at = open_page("Kernel")
     assert "2 sources recorded for this name" in texts(at)
-    assert [c.value for c in at.code if c.language == "cpp"] == [(SOURCE + "// a later template\n").rstrip()]
+    assert [c.value for c in at.code if c.language == "cpp"] == [(source_of(spec) + "// a later template\n").rstrip()]
     assert len(at.dataframe[-1].value) == 1  # the timing of this source only
     older = at.sidebar.selectbox(key="kernel_source").options[1]
     at.sidebar.selectbox(key="kernel_source").set_value(older)
     rerun(at)
-    assert [c.value for c in at.code if c.language == "cpp"] == [SOURCE.rstrip()]
+    assert [c.value for c in at.code if c.language == "cpp"] == [source_of(spec).rstrip()]
     assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]
