@@ -54,7 +54,8 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
                  include_recorded: bool = True) -> dict:
     """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem
     (on each device, or on ``device_id``; of ``family`` if given) into ``out`` with one index.json;
-    returns the index. Kernels that cannot be exported (no stored source of the measured kernel, and the templates render another) are
+    returns the index. Problems with no kernel that can be exported (no stored source of the measured
+    kernel and the templates render another, or stored sources that no longer fit today's plan) are
     listed under ``skipped`` with the reason, never shipped with a measurement of other source."""
     from codegen.export import write_export
 

@@ -20,7 +20,8 @@ from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
 
-__all__ = ["MANIFEST_FORMAT", "ExportError", "SourceMismatch", "check_source", "export_files", "export_kernel", "manifest", "source_kernels", "write_export"]
+__all__ = ["MANIFEST_FORMAT", "ExportError", "SourceMismatch", "check_source", "export_files", "export_kernel",
+           "manifest", "source_kernels", "write_export"]
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
 MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
@@ -132,11 +133,11 @@ def source_kernels(source: str, ctype: str) -> dict[str, list[str]]:
 def check_source(doc: dict, source: str) -> None:
     """Raise SourceMismatch (an ExportError) unless ``source`` defines every kernel the manifest
     ``doc`` launches, each with the parameter types the manifest passes, in order (a parameter may
-    read as const the workspace the plan passes writable; an output never). A stored source is the text that was
-    measured, while the launch plan is today's code: where the plan changed (a launch added or
-    dropped, an argument retyped or turned from input into output), the stored source no longer
-    fits it and must not be run with it. A change to how a kernel is launched therefore shows in
-    its symbol or its parameters."""
+    read as const the workspace the plan passes writable; an output never). A stored source is the
+    text that was measured, while the launch plan is today's code: where the plan changed (a launch
+    added or dropped, an argument retyped or turned from input into output), the stored source no
+    longer fits it and must not be run with it. A change to how a kernel is launched therefore shows
+    in its symbol or its parameters."""
     ctype = doc["element_type"]
     defined = source_kernels(source, ctype)
     for kernel in doc["kernels"]:
