@@ -26,7 +26,7 @@ from codegen.data import (
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Layout, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS", "RP", "CI", "DX", "DY", "DW", "DB", "WT")
+POINTERS = ("Y", "X", "W", "B", "WS", "CT", "RP", "CI", "DX", "DY", "DW", "DB", "WT")
 FLUSH_BYTES = 256 << 20
 
 
@@ -74,6 +74,7 @@ class Operands:
         for name, shape in self.outputs.items():
             self.buffers[name] = Buffer(math.prod(shape) * problem.dtype.itemsize)
         self.workspace: Buffer | None = None
+        self.counters: Buffer | None = None  # a plan's int32 tile counters (LaunchPlan.counters)
         self.tensor_maps: dict[tuple, object] = {}  # (TensorMapArg, address) -> its 128 encoded bytes
 
     def address(self, name: str, plan: LaunchPlan) -> int | None:
@@ -85,6 +86,14 @@ class Operands:
                     self.workspace.free()
                 self.workspace = Buffer(plan.workspace_bytes)
             return self.workspace.address
+        if name == "CT":
+            if plan.counters == 0:
+                return None
+            if self.counters is None or self.counters.nbytes < 4 * plan.counters:
+                if self.counters is not None:
+                    self.counters.free()
+                self.counters = Buffer(4 * plan.counters)
+            return self.counters.address
         buf = self.buffers.get(name)
         return buf.address if buf is not None else None  # no bias: a null pointer
 
@@ -111,13 +120,23 @@ class Operands:
         if plan is not None and plan.workspace_bytes:
             self.address("WS", plan)
             self.workspace.fill16(NAN32_HALVES, stream)
+        if plan is not None and plan.counters:  # zero before the first launch, as the plan asks
+            self.address("CT", plan)
+            self.counters.zero(stream, 4 * plan.counters)
+
+    def counters_left(self, plan: LaunchPlan) -> int:
+        """How many of the plan's counters a run left other than zero (a plan must leave them zero)."""
+        if not plan.counters:
+            return 0
+        host = self.counters.download(np.empty(self.counters.nbytes // 4, dtype=np.int32))
+        return int(np.count_nonzero(host[: plan.counters]))
 
     def output(self, name: str | None = None) -> np.ndarray:
         name = name or self.main_output
         return self.buffers[name].download(np.empty(self.outputs[name], dtype=STORAGE[self.problem.dtype]))
 
     def free(self) -> None:
-        for buf in list(self.buffers.values()) + ([self.workspace] if self.workspace else []):
+        for buf in list(self.buffers.values()) + [b for b in (self.workspace, self.counters) if b is not None]:
             buf.free()
 
 
@@ -323,6 +342,9 @@ class Engine:
         ops.poison(self.stream, plan)
         self.run_plan(module, plan, ops)
         self.synchronize(what)
+        left = ops.counters_left(plan)
+        if left:  # the next launch would start from them: every later run computes garbage
+            raise Failure("wrong_result", f"{what}: {left} of {plan.counters} tile counters left non-zero after the launch")
         errors = {}
         for name in ops.outputs:
             status, evidence, errors[name] = compare(ops.problem, ops.output(name), ops.ref[name])

@@ -88,6 +88,10 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "element_type": cuda["ctype"],
         "kernels": kernels,
         "workspace_bytes": launch.workspace_bytes,
+        **({"counters": launch.counters,
+            "counters_note": "CT is an int32 array of this many tile counters: zero it once before the first launch "
+                             "and keep it between launches (every launch leaves it zero); launches in flight at the "
+                             "same time need one each"} if launch.counters else {}),
         "zero_output_first": launch.zero_output,
         "grid_rule": grid_rule(spec),
         "arguments_note": ARGUMENTS[problem.layout] + "; WS is the float32 workspace (null when workspace_bytes is 0)"

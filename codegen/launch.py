@@ -1,7 +1,8 @@
 """Launch geometry: how a rendered variant is run on a problem, derived in Python.
 
 A plan is plain data (it crosses process boundaries and goes into export manifests): an optional
-float32 workspace, whether Y is zeroed first, the tensor maps the runtime encodes for the problem,
+float32 workspace, an optional array of int32 counters that must be zero before the first launch
+and that every launch leaves zero again, whether Y is zeroed first, the tensor maps the runtime encodes for the problem,
 and the kernels to launch in order with their arguments named from ``ARG_TYPES`` or after one of
 the plan's tensor maps. Each family makes its own plan (``codegen.families``); what they share,
 the second pass of a two-pass split-K and the pack prepass, is spelled here once.
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "ARG_TYPES", "BSR_ARGS", "COUNTER_ARG", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
     "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "launched_grid",
     "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
@@ -32,6 +33,7 @@ ARG_TYPES = {
     "W": "const T*",
     "B": "const T*",
     "WS": "float*",
+    "CT": "int*",
     "RP": "const int*",
     "CI": "const int*",
     "M": "int",
@@ -44,6 +46,8 @@ ARG_TYPES = {
     "WT": "const T*",
 }
 MAIN_ARGS = ("Y", "X", "W", "B", "WS", "M", "N", "K")
+#: A split-K whose last split sums the tile takes its tile counters (CT) after the workspace.
+COUNTER_ARG = "CT"
 #: The arrays each layout's GEMM kernel takes in its output, left and right operand slots (the
 #: kernel's Y, X and W parameters): dX[M,N] = dY[M,K]·W[K,N] and dW[M,N] = dY[K,M]ᵀ·X[K,N] in the
 #: problem's M, N, K (codegen.problem.Layout). B is the forward bias (null in the backward GEMMs).
@@ -176,10 +180,16 @@ def _persistent(value) -> bool | int:
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    """The launches in order; ``workspace_bytes`` of float32 scratch (WS, any contents at launch);
+    ``counters``: int32s in CT that must be zero before the first launch and that the plan leaves
+    zero (kept by the caller between launches, so not shared by two launches in flight at once);
+    ``zero_output``: Y is zeroed before the launches; the tensor maps the runtime encodes."""
+
     launches: tuple[KernelLaunch, ...]
     workspace_bytes: int = 0
     zero_output: bool = False
     tensor_maps: tuple[TensorMapArg, ...] = ()
+    counters: int = 0
 
     def tensor_map(self, name: str) -> TensorMapArg | None:
         """The plan's tensor map called ``name`` (an argument name), if it has one."""
@@ -204,7 +214,7 @@ class LaunchPlan:
         )
         maps = tuple(TensorMapArg(**t) for t in d.get("tensor_maps", ()))
         return cls(launches=launches, workspace_bytes=d["workspace_bytes"], zero_output=d["zero_output"],
-                   tensor_maps=maps)
+                   tensor_maps=maps, counters=d.get("counters", 0))
 
 
 # ---- the two-pass split-K reduce (templates/common.cuh.j2, reduce_kernel) ----------------------------

@@ -34,7 +34,7 @@ __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
 log = logging.getLogger("gemmscape.nn")
 
 DTYPES = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS")
+POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT")
 #: A kernel argument's array per layout (codegen.launch.LAYOUT_SLOTS names them) -> the tensor it is here.
 OPERANDS = {
     Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias"},
@@ -60,7 +60,7 @@ class _Step:
         self.cluster = tuple(step.get("cluster", (1, 1, 1)))  # a thread-block cluster launch when not (1, 1, 1)
         self.grid = launched_grid(step["grid_for_problem"], int(step.get("persistent") or 0), self.cluster, sms)
         self.args: list = []
-        self.pointers: list[tuple[int, str | None]] = []  # (slot, the tensor's role, "WS" or None: no such tensor)
+        self.pointers: list[tuple[int, str | None]] = []  # (slot, the tensor's role, "WS", "CT" or None: no such tensor)
         self.maps: list[tuple[int, str, dict]] = []  # (slot, argument name, encoding)
         for i, arg in enumerate(step["args"]):
             name = arg["name"]
@@ -70,7 +70,7 @@ class _Step:
             elif name in dims:
                 self.args.append(ctypes.c_int(dims[name]))
             elif name in POINTER_ARGS:
-                self.pointers.append((i, "WS" if name == "WS" else roles.get(name)))
+                self.pointers.append((i, name if name in ("WS", "CT") else roles.get(name)))
                 self.args.append(ctypes.c_void_p())
             else:
                 raise _Unusable(f"{kernel}: kernel argument {name!r} is not one codegen.nn knows for the "
@@ -101,8 +101,22 @@ class _Compiled:
             self.functions = [self.module.function(k["symbol"], k["dynamic_smem_bytes"]) for k in self.manifest["kernels"]]
         self.workspace = int(self.manifest["workspace_bytes"])
         self.zero_first = bool(self.manifest["zero_output_first"])
+        self.counters = self._counters(int(self.manifest.get("counters", 0)))
         self.maps: dict[tuple[str, int], object] = {}
         self.prepare()
+
+    def _counters(self, n: int) -> torch.Tensor | None:
+        """The kernel's tile counters (CT), zeroed once here and left zero by every launch. Launches
+        on one stream run one after the other; two streams running this kernel at once would share
+        them, so a layer on two streams at once needs a Kernels of its own per stream."""
+        if not n:
+            return None
+        if torch.cuda.is_current_stream_capturing():  # zeroed only when the graph replays: not yet usable
+            raise _Unusable("its tile counters must be allocated outside CUDA graph capture: call the layer once "
+                            "before capturing")
+        counters = torch.zeros(n, dtype=torch.int32, device=self.device)
+        torch.cuda.current_stream(self.device).synchronize()
+        return counters
 
     def prepare(self) -> None:
         """Fix per launch step what no call changes (``_Step``), and the names of the arguments."""
@@ -148,7 +162,7 @@ class _Compiled:
             for step in self.steps:
                 args, params = step.args, step.params
                 for i, role in step.pointers:
-                    t = ws if role == "WS" else tensors.get(role) if role else None
+                    t = ws if role == "WS" else self.counters if role == "CT" else tensors.get(role) if role else None
                     args[i].value = t.data_ptr() if t is not None else None
                 for i, name, enc in step.maps:
                     base = self._map_base(enc["operand"], tensors, ws)

@@ -72,7 +72,7 @@ class Space:
             return None
 
 
-_REDUCE_MARK = {"atomic": "a", "two_pass": "r", "cluster": "d"}
+_REDUCE_MARK = {"atomic": "a", "two_pass": "r", "cluster": "d", "last": "l"}
 
 
 def split_value(split_k: int, reduce: str) -> str:
@@ -87,7 +87,7 @@ def split_of(value: str) -> tuple[int, str]:
     mark = value[-1]
     reduce = next((r for r, m in _REDUCE_MARK.items() if m == mark), None)
     if reduce is None or not value.startswith("k") or not value[1:-1].isdigit():
-        raise ValueError(f"{value!r} is not a split choice (k1, or k<splits> then a for atomic, r for two_pass or d for cluster)")
+        raise ValueError(f"{value!r} is not a split choice (k1, or k<splits> then a for atomic, r for two_pass, d for cluster or l for last)")
     return int(value[1:-1]), reduce
 
 

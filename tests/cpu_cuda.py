@@ -55,6 +55,10 @@ static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 template <class P> static inline P __ldg(const P* p) { return *p; }
 static inline float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
+static inline int atomicAdd(int* p, int v) { int o = *p; *p = o + v; return o; }
+static inline int atomicExch(int* p, int v) { int o = *p; *p = v; return o; }
+template <class P> static inline P __ldcg(const P* p) { return *p; }
+static inline void __threadfence() {}  // blocks run one after another here
 
 struct __half { unsigned short x; };  // fp16 through the compiler's _Float16
 struct __half2 { __half x, y; };
@@ -279,6 +283,8 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
         arrays[name] = np.full(int(np.prod(shape)) * problem.dtype.itemsize // 2, poison, dtype=np.uint16)
     if plan.workspace_bytes:
         arrays["WS"] = np.zeros(plan.workspace_bytes // 4, dtype=np.float32)
+    if plan.counters:  # zero before the first launch; the plan must leave them zero (checked below)
+        arrays["CT"] = np.zeros(plan.counters, dtype=np.int32)
     workdir.mkdir(parents=True, exist_ok=True)
     names = sorted(arrays)
     main = ["int main() {", "    std::vector<std::vector<unsigned char>> bufs;"]
@@ -303,7 +309,7 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
                 args.append("nullptr")
         main.append(f"    run_grid({{{step.grid[0]}, {step.grid[1]}, {step.grid[2]}}}, {step.block[0]}, {step.smem}, "
                     f"[&] {{ {step.symbol}({', '.join(args)}); }});")
-    for name in outputs:
+    for name in [*outputs, *(["CT"] if plan.counters else [])]:
         idx = names.index(name)
         main.append(f"    {{ FILE* f = fopen(\"{workdir / name}.out\", \"wb\"); fwrite(b{idx}.data(), 1, "
                     f"{arrays[name].nbytes}, f); fclose(f); }}")
@@ -315,5 +321,7 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
     subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-o", str(exe), str(cpp)], check=True, capture_output=True,
                    text=True, timeout=300)
     subprocess.run([str(exe)], check=True, timeout=300, cwd=workdir)
+    if plan.counters and np.fromfile(workdir / "CT.out", dtype=np.int32).any():
+        raise AssertionError(f"{plan.launches[0].symbol} left tile counters non-zero")
     return {name: np.fromfile(workdir / f"{name}.out", dtype=STORAGE[problem.dtype]).reshape(shape)
             for name, shape in outputs.items()}

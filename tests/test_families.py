@@ -108,6 +108,9 @@ def test_common_pieces_are_written_once_and_used_by_simt():
                   "void split_range(int split, int K, int BK, int SPLIT_K, int& k_begin, int& k_end)"):
         assert piece in common and source.count(piece) == 1
     assert "macro reduce_kernel(name, split_k, bias)" in common and "macro store_element(reduce, bias)" in common
+    assert "macro last_to_arrive()" in common and "last_to_arrive" not in source
+    last = render(SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2, reduce="last", bias=True))
+    assert last.count("bool last_to_arrive(int* counter, int splits)") == 1 and "_reduce(" not in last
     assert (f'extern "C" __global__ void __launch_bounds__(256)\n{spec.name}_reduce(T* __restrict__ Y, '
             f"const T* __restrict__ B, const float* __restrict__ WS, int M, int N)") in source
     simt = (templates.DIR / "simt.cu.j2").read_text()

@@ -15,7 +15,7 @@ from codegen.evaluate import probe_for
 from codegen.families.hopper import Spec as HopperSpec
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
-from codegen.launch import plan
+from codegen.launch import LaunchPlan, grid_rule, plan, workspace_bytes
 from codegen.problem import DType, Layout, Problem, linear_problems
 from codegen.render import render
 from tests.compiled import compile_all
@@ -425,6 +425,15 @@ def test_hopper_backward_kernels_compile_to_wgmma_fed_by_tma_without_spills(comp
 
 
 # ---- numerics on the CPU (tests/cpu_cuda.py: the kernel as C++, threads as fibers) ----------------------
+#: Split-K summed by the last split to finish a tile (tile counters), in the emulation below.
+LAST = [
+    SimtSpec(bias=True, copy="async", pad=4, stages=3, bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=3,
+             reduce="last"),
+    SimtSpec(layout=GI, copy="async", pad=4, stages=4, bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=4,
+             reduce="last"),
+    SimtSpec(dtype="bf16", bias=True, bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, vec=8, pad=8, split_k=2,
+             reduce="last"),
+]
 #: Kernels run through the CPU emulation: every load path of both families in both backward layouts.
 EMULATED = [
     SimtSpec(layout=GI),
@@ -444,6 +453,8 @@ EMULATED = [
     TcSpec(layout=GW, mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32, warps_k=2, bias=True),
     TcSpec(layout=GI, dtype="fp16", mma="wmma", smem="pad", bm=64, bn=64, wm=32, wn=32),
     SimtSpec(layout=GW, dtype="fp16", bias=True, bm=64, bn=64, bk=16, wm=32, wn=32, tm=4, tn=8, vec=8),
+    # split-K summed by the last split of each tile to finish (forward with bias, grad_input, bf16)
+    *LAST,
 ]
 #: An odd shape (unaligned rows: the element-wise loads) and an aligned one (16-byte copies).
 EMULATED_SHAPES = [(67, 45, 131), (72, 56, 136)]
@@ -486,6 +497,29 @@ def test_the_cpu_emulation_catches_a_wrong_operand_read(tmp_path):
     assert result["DW"][0] == "wrong_result" and result["DB"][0] == "ok"
     dropped = source.replace("DB[c] = from_f(s);", "")
     assert _emulate(spec, EMULATED_SHAPES[0], tmp_path, dropped)["DB"][0] == "nan_or_inf"
+
+
+@needs_gxx
+@pytest.mark.timeout(300)
+def test_the_cpu_emulation_catches_a_last_split_that_skips_a_step(tmp_path):
+    """A last split that adds its own partial twice, or one that leaves its tile counter set: both fail."""
+    spec = LAST[0]
+    source = render(spec)
+    assert "if (s == split) continue;" in source and "if (last) atomicExch(counter, 0);" in source
+    twice = _emulate(spec, EMULATED_SHAPES[0], tmp_path, source.replace("if (s == split) continue;", ""))
+    assert twice["Y"][0] == "wrong_result"
+    with pytest.raises(AssertionError, match="left tile counters non-zero"):
+        _emulate(spec, EMULATED_SHAPES[1], tmp_path, source.replace("if (last) atomicExch(counter, 0);", ""))
+
+
+def test_last_split_plans_take_tile_counters_and_no_reduce_kernel():
+    p = Problem(67, 45, 131, bias=True)
+    got = plan(LAST[0], p)
+    assert [s.symbol for s in got.launches] == [LAST[0].name] and LAST[0].name.endswith("_k3l")
+    assert got.launches[0].args == ("Y", "X", "W", "B", "WS", "CT", "M", "N", "K")
+    assert got.counters == 3 * 1 == got.launches[0].grid[0] and got.workspace_bytes == workspace_bytes(3, p)
+    assert not got.zero_output and LaunchPlan.from_dict(got.to_dict()) == got
+    assert SimtSpec.from_name(LAST[1].name) == LAST[1] and "CT = ceil(M/32) * ceil(N/64) int32" in grid_rule(LAST[1])
 
 
 # ---- block-sparse W in grad_input: dX = dY·W read as Wᵀ in BSR ----------------------------------------

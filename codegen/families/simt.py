@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from codegen.launch import (
     BSR_ARGS,
     BSR_GI_ARGS,
+    COUNTER_ARG,
     DB_COLS,
     DB_ROWS,
     LAYOUT_SLOTS,
@@ -39,7 +40,9 @@ from codegen.spec import (
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
 DTYPES = (DType.fp32, DType.fp16, DType.bf16)
-REDUCES = ("none", "atomic", "two_pass", "cluster")
+REDUCES = ("none", "atomic", "two_pass", "cluster", "last")
+#: The mark of each reduction in a kernel name (after k<splits>).
+REDUCE_MARK = {"none": "", "atomic": "a", "two_pass": "r", "cluster": "d", "last": "l"}
 #: The most blocks of a portable thread-block cluster (a cluster split-K has one block per split).
 MAX_CLUSTER = 8
 COPIES = ("reg", "async")
@@ -79,7 +82,9 @@ class Spec(SpecData):
     a second kernel sums, and ``cluster`` (sm_90+, at most 8 splits) launches the splits of a tile as
     one thread-block cluster: each leaves its partial tile in its shared memory and reduces one
     slice of the tile from every split's shared memory (no workspace, no second kernel, Y not
-    zeroed). A grad_weight kernel with bias and one split sums db from its staged tiles of dY in the
+    zeroed), and ``last`` writes partial tiles to the workspace as two_pass does and counts each
+    split in at a per-tile counter; the split counted last sums the tile and resets its counter (no
+    second kernel; the counters are zero before the first launch and stay so). A grad_weight kernel with bias and one split sums db from its staged tiles of dY in the
     blocks of the first block column (``fused_db``); otherwise db is a kernel of its own.
     """
 
@@ -102,7 +107,8 @@ class Spec(SpecData):
     reduce: str = field(default="none", metadata={"choices": REDUCES,
                                                   "help": "split-K reduction: none (split_k 1), atomic, two_pass, "
                                                           "cluster (the splits of a tile are one thread-block cluster, "
-                                                          "reduced through distributed shared memory, sm_90+)"})
+                                                          "reduced through distributed shared memory, sm_90+), "
+                                                          "last (the last split to finish a tile sums it)"})
     block: int = field(default=0, metadata=_help("W block-sparse in block x block blocks (BSR); 0: dense W"))
     layout: Layout = field(default=Layout.forward, metadata=_help("which GEMM of the linear layer"))
 
@@ -111,7 +117,7 @@ class Spec(SpecData):
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        red = {"none": "", "atomic": "a", "two_pass": "r", "cluster": "d"}[self.reduce]
+        red = REDUCE_MARK[self.reduce]
         return (
             f"simt_{self.dtype.value}_{'bias' if self.bias else 'nobias'}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
@@ -123,7 +129,7 @@ class Spec(SpecData):
     _NAME = re.compile(
         r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
-        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ard]?)"
+        r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ardl]?)"
         r"(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
@@ -136,7 +142,7 @@ class Spec(SpecData):
         spec = cls(
             dtype=DType(g.pop("dtype")),
             bias=g.pop("bias") == "bias",
-            reduce={"": "none", "a": "atomic", "r": "two_pass", "d": "cluster"}[g.pop("reduce")],
+            reduce={m: r for r, m in REDUCE_MARK.items()}[g.pop("reduce")],
             copy="async" if g.pop("copy") else "reg",
             block=int(g.pop("block") or 0),
             layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
@@ -418,13 +424,18 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         main = replace(main, cluster=(1, spec.split_k, 1))
     if spec.fused_db:
         main = replace(main, args=tuple("DB" if a == "B" else a for a in main.args))
+    if spec.reduce == "last":
+        at = main.args.index("WS") + 1
+        main = replace(main, args=(*main.args[:at], COUNTER_ARG, *main.args[at:]))
     launches = [main]
     if spec.reduce == "two_pass":
         launches.append(reduce_launch(spec.name, spec.split_k, problem))
     if spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db:
         launches.append(db_launch(spec.name, problem))
+    partials = spec.reduce in ("two_pass", "last")
     return LaunchPlan(launches=tuple(launches), zero_output=spec.reduce == "atomic",
-                      workspace_bytes=workspace_bytes(spec.split_k, problem) if spec.reduce == "two_pass" else 0)
+                      workspace_bytes=workspace_bytes(spec.split_k, problem) if partials else 0,
+                      counters=grid_m * grid_n if spec.reduce == "last" else 0)
 
 
 def grid_rule(spec: Spec) -> str:
@@ -435,6 +446,10 @@ def grid_rule(spec: Spec) -> str:
         rule += "; " + (BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block)
     if spec.reduce == "two_pass":
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
+    if spec.reduce == "last":
+        rule += (f"; workspace WS = 4*{spec.split_k}*M*N bytes; CT = ceil(M/{spec.bm}) * ceil(N/{spec.bn}) int32 tile "
+                 f"counters, zero before the first launch and left zero by every launch (keep them between launches; "
+                 f"two launches in flight at once need their own): the last split of a tile to finish sums it")
     if spec.reduce == "atomic":
         rule += "; Y must be zeroed before the launch (split-K partial sums are added atomically)"
     if spec.reduce == "cluster":

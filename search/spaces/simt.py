@@ -17,8 +17,9 @@ NAME = "simt"
 #: Copy mode and stages, the pairs ``Spec.check`` allows (stages 0, no shared memory, is not searched).
 PIPELINES = ("s1", "s2", "s2c", "s3c", "s4c")
 #: Split-K reductions: atomics need an fp32 output (indexed by ``dtype is fp32``); a cluster reduce
-#: (sm_90+, at most 8 splits) is told apart by ``Spec.check``.
-REDUCES = {False: ("two_pass", "cluster"), True: ("atomic", "two_pass", "cluster")}
+#: (sm_90+, at most 8 splits) is told apart by ``Spec.check``; ``last`` (the last split to finish a
+#: tile sums it) works for every dtype.
+REDUCES = {False: ("two_pass", "cluster", "last"), True: ("atomic", "two_pass", "cluster", "last")}
 
 
 def pipeline_value(stages: int, copy: str) -> str:

@@ -46,12 +46,16 @@ VARIANTS = [
     # split-K in one thread-block cluster: 8 splits (the most), and 2 through register copies
     dict(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="cluster"),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=0, vec=4, stages=2, split_k=2, reduce="cluster"),
+    # split-K summed by the last split of each tile to finish (tile counters), async and register copies
+    dict(bm=32, bn=128, bk=32, wm=16, wn=64, tm=4, tn=8, pad=4, vec=4, stages=3, copy="async", split_k=8, reduce="last"),
+    dict(bm=16, bn=64, bk=64, wm=16, wn=16, tm=2, tn=4, pad=4, vec=4, stages=2, split_k=3, reduce="last"),
 ]
 HALF_VARIANTS = [
     dict(BIG, vec=8, bk=16),
     dict(bm=32, bn=128, bk=32, wm=32, wn=32, tm=4, tn=8, pad=4, vec=8, stages=2, split_k=4, reduce="two_pass"),
     dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="two_pass"),
     dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="cluster"),
+    dict(bm=32, bn=128, bk=64, wm=32, wn=32, tm=4, tn=8, pad=8, vec=8, stages=4, copy="async", split_k=4, reduce="last"),
     dict(bm=64, bn=64, bk=32, wm=32, wn=32, tm=4, tn=8, pad=8, vec=4, stages=3, copy="async"),
 ]
 CASES = [(DType.fp32, bias, v) for v in VARIANTS for bias in (False, True)] + [
@@ -118,6 +122,19 @@ def test_faults_are_statuses_and_the_next_evaluation_succeeds():
         assert ev.run(lazy, problem)["status"] == "nan_or_inf"
         assert ev.evaluate(spec, problem)[0]["status"] == "ok"
         assert ev.worker.starts == 3  # the fault and the hang each cost one worker
+
+
+def test_tile_counters_left_set_are_a_wrong_result():
+    """A split-K summed by its last split must leave its tile counters zero, or the next launch starts
+    from them: a kernel that computes Y right but leaves a counter set is a wrong result."""
+    spec = SimtSpec(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2, reduce="last")
+    body = ("if (blockIdx.x + blockIdx.y + threadIdx.x == 0) { for (int i = 0; i < M * N; ++i) { float v = 0.0f; "
+            "for (int k = 0; k < K; ++k) v += X[(i / N) * K + k] * W[(i % N) * K + k]; Y[i] = v; } CT[0] = 1; }")
+    source = (f'extern "C" __global__ void {spec.name}(float* Y, const float* X, const float* W, const float* B,'
+              f" float* WS, int* CT, int M, int N, int K) {{ {body} }}")
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=30.0) as ev:
+        result = ev.run(Built(spec, source, compile_source(source, spec.name, use_cache=False)), Problem(64, 64, 64))
+    assert result["status"] == "wrong_result" and "tile counters left non-zero" in result["evidence"], result
 
 
 def test_too_many_resources_is_a_status():
