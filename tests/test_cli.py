@@ -37,7 +37,7 @@ def test_help_shows_the_choices(capsys):
         cli.main(["bench", "--help"])
     assert stop.value.code == 0
     out = capsys.readouterr().out
-    assert "--copy {reg,async}" in out and "--reduce {none,atomic,two_pass,cluster}" in out
+    assert "--copy {reg,async}" in out and "--reduce {none,atomic,two_pass,cluster,last}" in out
     assert "kernel variant (simt family" in out and "--family" in out
 
 

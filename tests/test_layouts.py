@@ -502,12 +502,13 @@ def test_the_cpu_emulation_catches_a_wrong_operand_read(tmp_path):
 @needs_gxx
 @pytest.mark.timeout(300)
 def test_the_cpu_emulation_catches_a_last_split_that_skips_a_step(tmp_path):
-    """A last split that adds its own partial twice, or one that leaves its tile counter set: both fail."""
+    """A split that does not store its partial, or a last split that leaves its tile counter set: both fail."""
     spec = LAST[0]
     source = render(spec)
-    assert "if (s == split) continue;" in source and "if (last) atomicExch(counter, 0);" in source
-    twice = _emulate(spec, EMULATED_SHAPES[0], tmp_path, source.replace("if (s == split) continue;", ""))
-    assert twice["Y"][0] == "wrong_result"
+    store = "if (c < N) WS[split * MN + (size_t)r * N + c] = acc[i][j];"
+    assert store in source and "if (last) atomicExch(counter, 0);" in source
+    unstored = _emulate(spec, EMULATED_SHAPES[0], tmp_path, source.replace(store, store.replace("c < N", "c < 0")))
+    assert unstored["Y"][0] == "wrong_result"
     with pytest.raises(AssertionError, match="left tile counters non-zero"):
         _emulate(spec, EMULATED_SHAPES[1], tmp_path, source.replace("if (last) atomicExch(counter, 0);", ""))
 

@@ -315,6 +315,8 @@ class Spec(SpecData):
             why.append("reduce is 'none' exactly when split_k is 1")
         elif self.reduce == "atomic" and self.dtype is not DType.fp32:
             why.append("atomic split-K reduction needs fp32 output")
+        elif self.reduce == "last" and self.bn % 4:
+            why.append("a split-K summed by its last split reads four columns of a row at a time: bn must be a multiple of 4")
         elif self.reduce == "cluster":
             if limits.sm < 90:
                 why.append("a cluster split-K (thread-block clusters, distributed shared memory) needs sm_90 or newer")
