@@ -51,10 +51,11 @@ def _slug(text: str) -> str:
 
 
 def write_bundle(store, out: Path, *, device_id: int | None = None, family: str | None = None,
-                 include_recorded: bool = True) -> dict:
+                 include_recorded: bool = True, choose=None) -> dict:
     """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem
     (on each device, or on ``device_id``; of ``family`` if given) into ``out`` with one index.json;
-    returns the index. Problems with no kernel that can be exported (no stored source of the measured
+    returns the index. ``choose`` (store, problem, rows) -> what pick_stored returns replaces it
+    (benchmarks.step_pick chooses by the train step's time). Problems with no kernel that can be exported (no stored source of the measured
     kernel and the templates render another, or stored sources that no longer fit today's plan) are
     listed under ``skipped`` with the reason, never shipped with a measurement of other source."""
     from codegen.export import write_export
@@ -69,7 +70,7 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
         if first.get("recorded") and not include_recorded:
             continue
         problem = Problem.from_dict(first)
-        picked = pick_stored(store, problem, rows)
+        picked = (choose or pick_stored)(store, problem, rows)
         if isinstance(picked, str):
             skipped.append({"problem": problem.key, "device": first["device"], "kernel": first["kernel"], "reason": picked})
             continue

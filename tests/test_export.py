@@ -332,3 +332,35 @@ def test_a_tie_within_the_fastest_spread_goes_to_the_plan_that_does_not_zero_its
     assert found.manifest["zero_output_first"] is (picked == "atomic")
     index = write_bundle(store, tmp_path / "bundle")
     assert [e["kernel"] for e in index["kernels"]] == [specs[picked].name] and not index["skipped"]
+
+
+def test_a_bundle_ships_what_its_chooser_picks_and_a_last_split_manifest_names_its_counters(tmp_path):
+    """write_bundle(choose=...) ships the chooser's kernel (benchmarks.step_pick picks by the train
+    step), not pick_stored's; a split-K summed by its last split carries its tile counters in the manifest."""
+    import json
+
+    from codegen.bundle import Bundle, pick_stored, write_bundle
+    from codegen.export import export_kernel
+    from codegen.render import render, source_hash
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    tile = dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2)
+    fast, slow = SimtSpec(**tile, reduce="two_pass"), SimtSpec(**tile, reduce="last")
+    for spec, ms in ((fast, 0.004), (slow, 0.006)):
+        text = render(spec)
+        _measured(store, spec, problem, source_hash(text), text, ms=ms)
+    assert write_bundle(store, tmp_path / "default")["kernels"][0]["kernel"] == fast.name
+
+    def choose(st, prob, rows):
+        row = next(r for r in rows if r["kernel"] == slow.name)
+        return (row, *export_kernel(st, row["kernel"], prob, arch=row["arch"], source_hash=row["source_hash"]))
+
+    index = write_bundle(store, tmp_path / "chosen", choose=choose)
+    assert [e["kernel"] for e in index["kernels"]] == [slow.name]
+    found = Bundle(tmp_path / "chosen").find(problem, "NVIDIA H200")
+    assert found.manifest["name"] == slow.name and found.manifest["counters"] == 2 and len(found.manifest["kernels"]) == 1
+    assert "zero it once before the first launch" in found.manifest["counters_note"]
+    assert [a["name"] for a in found.manifest["kernels"][0]["args"]][4:6] == ["WS", "CT"]
+    assert json.loads(pick_stored(store, problem, store.best(problem, per_problem=4))[2])["name"] == fast.name
