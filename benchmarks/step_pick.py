@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     store = Store(args.db, read_only=True)
     device = torch.cuda.get_device_name()
-    case = Case(args.batch, args.dtype, "train", True)
+    case = Case(args.batch, args.dtype, "train", features=args.features)
     problems = linear_problems(case.batch, case.features, case.features, case.dtype, case.bias)
     pool = {}
     for layout, problem in problems.items():
