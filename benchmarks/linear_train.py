@@ -33,6 +33,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegen.step import capture
+from codegen.step import reference as layer_reference
+
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
 MODES = ("forward", "train")
@@ -112,14 +115,7 @@ def table(records: list[dict]) -> str:
 # ---- on the GPU -------------------------------------------------------------------------------------
 def reference(case: Case, x, weight, bias, dy) -> dict:
     """The float64 results of the layer's GEMMs: y, and in training dX, dW (and db)."""
-    x64, w64, dy64 = x.double(), weight.double(), dy.double()
-    y = x64 @ w64.T + (bias.double() if bias is not None else 0)
-    if case.mode == "forward":
-        return {"y": y}
-    out = {"y": y, "dx": dy64 @ w64, "dw": dy64.T @ x64}
-    if bias is not None:
-        out["db"] = dy64.sum(0)
-    return out
+    return layer_reference(x, weight, bias, dy if case.mode == "train" else None)
 
 
 def _rel(exact, got) -> float:
@@ -133,23 +129,6 @@ def check(case: Case, rel: dict) -> list[str]:
 
     bound = DType(case.dtype).rel_tol
     return [name for name, e in rel.items() if not name.endswith("_torch_linear") and not e <= bound]
-
-
-def capture(fn):
-    """A CUDA graph of ``fn`` (warmed up twice on a side stream first, as torch asks) and the outputs it
-    writes on each replay."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 def measure(case: Case, kernels, reps: int, rounds: int = 5, timing: str = "eager"):

@@ -878,6 +878,65 @@ def cmd_tune_linear(args: argparse.Namespace) -> int:
     return run_tuning(args, layer_problems({shape: ["layer"]}))
 
 
+def cmd_pick_step(args: argparse.Namespace) -> int:
+    """``codegen pick-step``: a layer's three kernels picked by the train step's time (codegen.step),
+    written as a bundle with the timings beside its index (step-pick.json)."""
+    import datetime as dt
+
+    dtype = DType(args.dtype)
+    if dtype not in (DType.fp32, DType.fp16, DType.bf16):
+        raise UsageError(f"--dtype {dtype.value}: pick-step runs the layer in torch, whose dtypes are fp32, fp16, bf16")
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("pick-step times the layer's train step in torch: install the torch extra "
+                         "(pip install 'gemmscape[torch]')") from None
+    if not torch.cuda.is_available():
+        raise Failure("pick-step needs a CUDA GPU visible to torch")
+    from codegen import step as steps
+    from codegen.bundle import pick_stored, write_bundle
+    from codegen.export import export_kernel
+    from codegen.versions import versions
+
+    check_writable(args.bundle, "--bundle", folder=True)
+    store = open_store(args.db, read_only=True)
+    device = torch.cuda.get_device_name()
+    step = steps.Step(args.batch, args.in_features, args.out_features, dtype, args.bias)
+    try:
+        found = steps.pick(store, step, device, args.candidates, args.reps,
+                           progress=(lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr)))
+    except ValueError as e:
+        raise Failure(str(e)) from None
+    by_key = {step.problems[lay].key: row for lay, row in found["chosen"].items()}
+
+    def choose(st, problem, rows):  # the step's choice for the layer's GEMMs, the store's own for any other
+        row = by_key.get(problem.key)
+        if row is None or row["device"] != rows[0]["device"]:
+            return pick_stored(st, problem, rows)
+        return (row, *export_kernel(st, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
+                                    device_id=row["device_id"]))
+
+    index = write_bundle(store, args.bundle, choose=choose)
+    doc = {"suite": "step_pick", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "device": device,
+           "versions": {**versions(), "torch": torch.__version__}, "command": "codegen " + " ".join(sys.argv[1:]),
+           "layer": {"batch": args.batch, "in": args.in_features, "out": args.out_features, "dtype": dtype.value,
+                     "bias": args.bias},
+           "timing": {"reps": args.reps, "rounds": 5, "l2_flush_bytes": steps.FLUSH_BYTES,
+                      "note": "CUDA-event-timed graph replays of forward + autograd.grad, the L2 flushed before each"},
+           "chosen": {lay.value: r["kernel"] for lay, r in found["chosen"].items()},
+           "store_pick": {lay.value: r["kernel"] for lay, r in found["store_pick"].items()},
+           "final": found["final"], "trials": found["trials"]}
+    (args.bundle / "step-pick.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    fin = found["final"]
+    for lay, row in found["chosen"].items():
+        print(f"{lay.value:11s} {row['kernel']}" + ("" if row["id"] == found["store_pick"][lay]["id"] else
+                                                   f"  (the store's pick: {found['store_pick'][lay]['kernel']})"))
+    print(f"train step {fin['chosen']['median_us']:.1f} us (range {fin['chosen']['min_us']:.1f}-"
+          f"{fin['chosen']['max_us']:.1f}) against {fin['store_pick']['median_us']:.1f} us with the store's pick; "
+          f"wrote {len(index['kernels'])} kernels and {args.bundle / 'index.json'}")
+    return EXIT_OK
+
+
 def cmd_tune_model(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
@@ -1130,6 +1189,23 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_linear)
+
+    p = command("pick-step", "pick a tuned layer's three kernels by the train step's time (CUDA graph replays), "
+                "into a bundle; needs torch and a GPU")
+    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step)")
+    p.add_argument("--in", dest="in_features", type=positive_int, required=True, metavar="IN", help="in features")
+    p.add_argument("--out", dest="out_features", type=positive_int, required=True, metavar="OUT",
+                   help="out features")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32", help="element type")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias")
+    p.add_argument("--bundle", type=Path, required=True, metavar="DIR",
+                   help="folder to write the bundle to (the layer's picks; the store's own pick for any other problem)")
+    p.add_argument("--candidates", type=positive_int, default=12,
+                   help="stored kernels tried per GEMM, fastest alone first")
+    p.add_argument("--reps", type=positive_int, default=30, help="timed graph replays per step tried")
+    p.add_argument("--quiet", action="store_true", help="no line per step tried")
+    add_db_arg(p)
+    p.set_defaults(func=cmd_pick_step)
 
     p = command("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
     p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "

@@ -341,3 +341,14 @@ def test_gpus_that_cannot_be_used_are_one_line(gpus, needle, capsys, db, default
     url, path = db
     assert_usage(["search", *BIG, "--dtype", "bf16", "--family", "tensorcore", "--gpus", gpus, "--budget", "4",
                   "--db", url], capsys, needle, db_path=path, default=default_store)
+
+
+def test_pick_step_without_a_gpu_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    """pick-step times the layer on the GPU: without one (torch sees none, as on CI) it says so in one
+    line, exit 1, and no bundle folder appears."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    bundle = tmp_path / "b"
+    line = assert_usage(["pick-step", "--batch", "32", "--in", "64", "--out", "64", "--bundle", str(bundle),
+                         "--db", f"sqlite:///{tmp_path / 's.db'}"], capsys, "needs a CUDA GPU", code=1)
+    assert line.startswith("codegen pick-step:") and not bundle.exists()

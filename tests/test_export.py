@@ -364,3 +364,29 @@ def test_a_bundle_ships_what_its_chooser_picks_and_a_last_split_manifest_names_i
     assert "zero it once before the first launch" in found.manifest["counters_note"]
     assert [a["name"] for a in found.manifest["kernels"][0]["args"]][4:6] == ["WS", "CT"]
     assert json.loads(pick_stored(store, problem, store.best(problem, per_problem=4))[2])["name"] == fast.name
+
+
+def test_step_candidates_are_the_fastest_fitting_sources_and_pinned_files_answer_by_problem(tmp_path):
+    """codegen.step.candidates: a problem's fastest stored kernels whose source fits today's plan, fastest
+    first, at most the limit (a stale source is passed over); Pinned answers a pinned problem only."""
+    from codegen.render import render, source_hash
+    from codegen.step import Pinned, candidates
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problem = Problem(64, 64, 64)
+    tile = dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, split_k=2)
+    stale, slow, fast = (SimtSpec(**tile, reduce="two_pass"), SimtSpec(**tile, reduce="last"),
+                         SimtSpec(**tile, reduce="atomic"))
+    old = render(stale).replace(f"{stale.name}_reduce(", f"{stale.name}_sum(")
+    _measured(store, stale, problem, source_hash(old), old, ms=0.003)
+    for spec, ms in ((slow, 0.006), (fast, 0.004)):
+        _measured(store, spec, problem, source_hash(render(spec)), render(spec), ms=ms)
+    got = candidates(store, problem, "NVIDIA H200", 5)
+    assert [r["kernel"] for r, _ in got] == [fast.name, slow.name]
+    assert [f.manifest["name"] for _, f in got] == [fast.name, slow.name]
+    assert [r["kernel"] for r, _ in candidates(store, problem, "NVIDIA H200", 1)] == [fast.name]
+    assert candidates(store, problem, "another GPU", 5) == []
+    pinned = Pinned({problem.key: got[1][1]})
+    assert pinned.find(problem, "NVIDIA H200").manifest["name"] == slow.name
+    assert "no kernel pinned" in pinned.find(Problem(64, 64, 32), "NVIDIA H200")

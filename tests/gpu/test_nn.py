@@ -331,3 +331,42 @@ def test_cached_kernels_follow_new_tensors_batches_and_threads(dtype, families):
     for batch in (257, 40, 300):
         for layout, problem in linear_problems(batch, 136, 72, DType(dtype), True).items():
             assert _ran(kernels, problem, torch.device("cuda:0")) != "torch", (batch, layout)
+
+
+def test_pick_step_writes_a_bundle_of_kernels_that_run_the_step(tmp_path):
+    """Two kernels benched per GEMM of a small layer; ``codegen pick-step`` times the train step with each,
+    writes a bundle of its picks and the timings; the bundle's layer matches float64."""
+    import json
+
+    from codegen import cli
+    from codegen.families.simt import Spec as SimtSpec
+    from codegen.nn import Linear
+
+    batch, fin, fout = 40, 96, 80
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    problems = linear_problems(batch, fin, fout, DType.fp32, True)
+    tiles = [dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4), dict(bm=32, bn=32, bk=16, wm=16, wn=16, tm=4, tn=4)]
+    for layout, problem in problems.items():
+        for t in tiles:
+            spec = SimtSpec(bias=True, layout=layout, **t, **({"split_k": 2, "reduce": "last"} if layout is
+                                                               Layout.grad_input else {}))
+            assert cli.main(["bench", "--kernel", spec.name, "--m", str(problem.m), "--n", str(problem.n),
+                             "--k", str(problem.k), "--bias", "--layout", layout.value, "--db", url,
+                             "--no-baseline"]) == 0
+    bundle = tmp_path / "b"
+    assert cli.main(["pick-step", "--batch", str(batch), "--in", str(fin), "--out", str(fout), "--bias",
+                     "--bundle", str(bundle), "--candidates", "2", "--reps", "5", "--db", url]) == 0
+    doc = json.loads((bundle / "step-pick.json").read_text())
+    assert len(doc["trials"]) == 4 and all(t["status"] == "ok" for t in doc["trials"])  # the store's pick + one per GEMM
+    assert doc["final"]["chosen"]["median_us"] > 0 and set(doc["chosen"]) == {lay.value for lay in Layout}
+    torch.manual_seed(1)
+    base = torch.nn.Linear(fin, fout, device="cuda")
+    ours = Linear.from_linear(base, bundle)
+    x = torch.randn(batch, fin, device="cuda", requires_grad=True)
+    y = ours(x)
+    dy = torch.randn_like(y)
+    dx, dw, db = torch.autograd.grad(y, [x, base.weight, base.bias], dy)
+    x64, w64, dy64 = x.double(), base.weight.double(), dy.double()
+    for got, want in ((y, x64 @ w64.T + base.bias.double()), (dx, dy64 @ w64), (dw, dy64.T @ x64), (db, dy64.sum(0))):
+        assert float((got.double() - want).norm() / want.norm()) < DType.fp32.rel_tol
+    assert {lay.value: ours.kernels.used(problems[lay], x.device) for lay in Layout} == doc["chosen"]
