@@ -345,7 +345,7 @@ def test_pick_step_writes_a_bundle_of_kernels_that_run_the_step(tmp_path):
     batch, fin, fout = 40, 96, 80
     url = f"sqlite:///{tmp_path / 's.db'}"
     problems = linear_problems(batch, fin, fout, DType.fp32, True)
-    tiles = [dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4), dict(bm=32, bn=32, bk=16, wm=16, wn=16, tm=4, tn=4)]
+    tiles = [dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4), dict(bm=32, bn=32, bk=16, wm=16, wn=32, tm=4, tn=4)]
     for layout, problem in problems.items():
         for t in tiles:
             spec = SimtSpec(bias=True, layout=layout, **t, **({"split_k": 2, "reduce": "last"} if layout is
