@@ -348,11 +348,12 @@ def test_pick_step_writes_a_bundle_of_kernels_that_run_the_step(tmp_path):
     tiles = [dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4), dict(bm=32, bn=32, bk=16, wm=16, wn=32, tm=4, tn=4)]
     for layout, problem in problems.items():
         for t in tiles:
-            spec = SimtSpec(bias=True, layout=layout, **t, **({"split_k": 2, "reduce": "last"} if layout is
-                                                               Layout.grad_input else {}))
+            spec = SimtSpec(bias=problem.bias, layout=layout, **t,
+                            **({"split_k": 2, "reduce": "last"} if layout is Layout.grad_input else {}))
+            assert not spec.check(problem), spec.check(problem)
             assert cli.main(["bench", "--kernel", spec.name, "--m", str(problem.m), "--n", str(problem.n),
-                             "--k", str(problem.k), "--bias", "--layout", layout.value, "--db", url,
-                             "--no-baseline"]) == 0
+                             "--k", str(problem.k), *(["--bias"] if problem.bias else []), "--layout", layout.value,
+                             "--db", url, "--no-baseline"]) == 0
     bundle = tmp_path / "b"
     assert cli.main(["pick-step", "--batch", str(batch), "--in", str(fin), "--out", str(fout), "--bias",
                      "--bundle", str(bundle), "--candidates", "2", "--reps", "5", "--db", url]) == 0
