@@ -53,7 +53,7 @@ def reference(x, weight, bias, dy) -> dict:
 
 def relative_errors(exact: dict, outputs) -> dict:
     """Each output's relative Frobenius error against its float64 ``exact`` (NaN stays NaN: a failure)."""
-    return {name: float((got.double() - e).norm() / e.norm().clamp_min(1e-30))
+    return {name: float((got.detach().double() - e).norm() / e.norm().clamp_min(1e-30))
             for (name, e), got in zip(exact.items(), outputs, strict=True)}
 
 
