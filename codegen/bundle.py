@@ -55,9 +55,10 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
     """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem
     (on each device, or on ``device_id``; of ``family`` if given) into ``out`` with one index.json;
     returns the index. ``choose`` (store, problem, rows) -> what pick_stored returns replaces it
-    (benchmarks.step_pick chooses by the train step's time). Problems with no kernel that can be exported (no stored source of the measured
-    kernel and the templates render another, or stored sources that no longer fit today's plan) are
-    listed under ``skipped`` with the reason, never shipped with a measurement of other source."""
+    (``codegen pick-step`` chooses by the train step's time). Problems with no kernel that can be
+    exported (no stored source of the measured kernel and the templates render another, or stored
+    sources that no longer fit today's plan) are listed under ``skipped`` with the reason, never
+    shipped with a measurement of other source."""
     from codegen.export import write_export
 
     out = Path(out)

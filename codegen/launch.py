@@ -2,9 +2,9 @@
 
 A plan is plain data (it crosses process boundaries and goes into export manifests): an optional
 float32 workspace, an optional array of int32 counters that must be zero before the first launch
-and that every launch leaves zero again, whether Y is zeroed first, the tensor maps the runtime encodes for the problem,
-and the kernels to launch in order with their arguments named from ``ARG_TYPES`` or after one of
-the plan's tensor maps. Each family makes its own plan (``codegen.families``); what they share,
+and that every launch leaves zero again, whether Y is zeroed first, the tensor maps the runtime
+encodes for the problem, and the kernels to launch in order with their arguments named from
+``ARG_TYPES`` or after one of the plan's tensor maps. Each family makes its own plan (``codegen.families``); what they share,
 the second pass of a two-pass split-K and the pack prepass, is spelled here once.
 """
 

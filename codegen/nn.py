@@ -4,8 +4,9 @@
 the forward GEMM Y = X·Wᵀ (+ b), and in backward dX = dY·W (layout grad_input) and dW = dYᵀ·X
 with db = Σ dY (layout grad_weight). Each is looked up by shape, dtype, layout and device in a
 bundle (``codegen export --bundle``) or a store, compiled once with NVRTC, loaded with the driver
-API and launched on torch's current stream; workspace comes from torch's allocator and an output
-that must start at zero is zeroed on the stream. Nothing waits on the host, so a captured CUDA
+API and launched on torch's current stream; workspace comes from torch's allocator, an output
+that must start at zero is zeroed on the stream, and a kernel's tile counters (a split-K summed by
+its last split) are allocated and zeroed once, when it is loaded. Nothing waits on the host, so a captured CUDA
 graph replays it. A GEMM with no tuned kernel runs torch's own op instead, and the reason is
 logged once per problem and device (logger ``gemmscape.nn``).
 

@@ -84,8 +84,9 @@ class Spec(SpecData):
     slice of the tile from every split's shared memory (no workspace, no second kernel, Y not
     zeroed), and ``last`` writes partial tiles to the workspace as two_pass does and counts each
     split in at a per-tile counter; the split counted last sums the tile and resets its counter (no
-    second kernel; the counters are zero before the first launch and stay so). A grad_weight kernel with bias and one split sums db from its staged tiles of dY in the
-    blocks of the first block column (``fused_db``); otherwise db is a kernel of its own.
+    second kernel; the counters are zero before the first launch and stay so). A grad_weight
+    kernel with bias and one split sums db from its staged tiles of dY in the blocks of the first
+    block column (``fused_db``); otherwise db is a kernel of its own.
     """
 
     dtype: DType = DType.fp32
