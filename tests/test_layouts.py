@@ -575,6 +575,7 @@ def test_sparse_grad_input_from_the_command_line(tmp_path):
 @pytest.mark.parametrize("spec", [
     SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8),
     SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8, copy="async", stages=3, pad=4),
+    SimtSpec(layout=GI, block=32, bn=32, bk=16, bm=64, wm=32, wn=32, tm=4, tn=8, split_k=2, reduce="last"),
     TcSpec(layout=GI, dtype="bf16", block=32, bn=32, wn=32, bm=64, wm=32),
     TcSpec(layout=GI, dtype="bf16", block=16, bn=16, bk=64, wn=16, bm=64, wm=32),
 ], ids=lambda s: s.name)
