@@ -390,3 +390,61 @@ def test_step_candidates_are_the_fastest_fitting_sources_and_pinned_files_answer
     pinned = Pinned({problem.key: got[1][1]})
     assert pinned.find(problem, "NVIDIA H200").manifest["name"] == slow.name
     assert "no kernel pinned" in pinned.find(Problem(64, 64, 32), "NVIDIA H200")
+
+
+class _ScriptedStep:
+    """A stand-in for codegen.step.Step: the step's µs for each choice of kernels come from ``cost``
+    (forward, grad_input, grad_weight kernel names -> µs); None means the step cannot run."""
+
+    def __init__(self, problems, cost):
+        self.problems, self.cost, self.asked = problems, cost, []
+
+    def times(self, files, reps):
+        names = tuple(files[p.key].manifest["name"] for p in self.problems.values())
+        self.asked.append(names)
+        us = self.cost(*names)
+        return ([us] * reps, "ok") if us is not None else ([], "wrong_result: planted")
+
+
+def test_pick_step_keeps_the_kernel_of_the_fastest_step_one_gemm_at_a_time(tmp_path):
+    """codegen.step.pick starts from the store's own pick, tries each GEMM's other candidates with the
+    other two GEMMs held, keeps a candidate only where the step gets faster, skips one that cannot
+    run, and reports both choices; a GEMM with no stored kernel, or a store pick that cannot run, is a
+    ValueError that says so."""
+    from codegen.problem import linear_problems
+    from codegen.render import render, source_hash
+    from codegen.step import pick
+    from store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    problems = linear_problems(64, 96, 64, DType.fp32, True)
+    tiles = {"a": dict(bm=32, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4), "b": dict(bm=32, bn=32, bk=16, wm=16, wn=32,
+                                                                                   tm=4, tn=4)}
+    names = {}
+    for layout, problem in problems.items():
+        for tag, ms in (("a", 0.004), ("b", 0.005)):  # "a" is faster alone, so it is the store's pick
+            spec = SimtSpec(bias=problem.bias, layout=layout, **tiles[tag])
+            _measured(store, spec, problem, source_hash(render(spec)), render(spec), ms=ms)
+            names[layout.value, tag] = spec.name
+    fwd_b, gi_b, gw_b = (names[lay, "b"] for lay in ("forward", "grad_input", "grad_weight"))
+
+    def cost(fwd, gi, gw):  # in the step "b" is faster for the forward, grad_input's "b" cannot run
+        if gi == gi_b:
+            return None
+        return 100.0 - (5.0 if fwd == fwd_b else 0.0) + (3.0 if gw == gw_b else 0.0)
+
+    step = _ScriptedStep(problems, cost)
+    lines = []
+    found = pick(store, step, "NVIDIA H200", limit=4, reps=3, rounds=2, progress=lines.append)
+    assert {lay.value: r["kernel"] for lay, r in found["chosen"].items()} == {
+        "forward": fwd_b, "grad_input": names["grad_input", "a"], "grad_weight": names["grad_weight", "a"]}
+    assert {lay.value: r["kernel"] for lay, r in found["store_pick"].items()} == {
+        lay: names[lay, "a"] for lay in ("forward", "grad_input", "grad_weight")}
+    assert [t["median_us"] for t in found["trials"]] == [100.0, 95.0, None, 98.0]
+    assert found["trials"][2]["status"] == "wrong_result: planted" and lines[0] == "store's pick: step 100.0 us"
+    assert found["final"]["chosen"]["median_us"] == 95.0 and found["final"]["store_pick"]["median_us"] == 100.0
+    assert found["final"]["chosen"]["replays"] == 2 * 3
+    with pytest.raises(ValueError, match="do not run the step: wrong_result"):
+        pick(store, _ScriptedStep(problems, lambda *names: None), "NVIDIA H200", limit=4, reps=3)
+    with pytest.raises(ValueError, match="no stored kernel of .* measured on another GPU"):
+        pick(store, step, "another GPU", limit=4, reps=3)
