@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.step import capture
+from codegen.step import capture, relative_error
 from codegen.step import reference as layer_reference
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -118,11 +118,6 @@ def reference(case: Case, x, weight, bias, dy) -> dict:
     return layer_reference(x, weight, bias, dy if case.mode == "train" else None)
 
 
-def _rel(exact, got) -> float:
-    """Relative Frobenius error of ``got`` against the float64 ``exact`` (NaN stays NaN: a failure)."""
-    return float((got.double() - exact).norm() / exact.norm().clamp_min(1e-30))
-
-
 def check(case: Case, rel: dict) -> list[str]:
     """Which of our outputs miss the dtype's bound against float64 (codegen.problem.DType.rel_tol)."""
     from codegen.problem import DType
@@ -174,7 +169,7 @@ def measure(case: Case, kernels, reps: int, rounds: int = 5, timing: str = "eage
     exact = reference(case, x.detach(), base.weight.detach(), base.bias, dy)
     rel = {}
     for (name, e), b, a in zip(exact.items(), outputs["ours"], outputs["base"], strict=True):
-        rel[name], rel[f"{name}_torch_linear"] = _rel(e, b), _rel(e, a)
+        rel[name], rel[f"{name}_torch_linear"] = relative_error(e, b), relative_error(e, a)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = {"ours": [], "base": []}
     per_round = max(1, reps // rounds)

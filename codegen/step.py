@@ -16,6 +16,7 @@ codegen.nn loads.
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from codegen.problem import DType, Layout, Problem, linear_problems
@@ -51,10 +52,14 @@ def reference(x, weight, bias, dy) -> dict:
     return out
 
 
+def relative_error(exact, got) -> float:
+    """Relative Frobenius error of ``got`` against the float64 ``exact`` (NaN stays NaN: a failure)."""
+    return float((got.detach().double() - exact).norm() / exact.norm().clamp_min(1e-30))
+
+
 def relative_errors(exact: dict, outputs) -> dict:
-    """Each output's relative Frobenius error against its float64 ``exact`` (NaN stays NaN: a failure)."""
-    return {name: float((got.detach().double() - e).norm() / e.norm().clamp_min(1e-30))
-            for (name, e), got in zip(exact.items(), outputs, strict=True)}
+    """Each output's relative_error against its float64 ``exact``, by name."""
+    return {name: relative_error(e, got) for (name, e), got in zip(exact.items(), outputs, strict=True)}
 
 
 class Pinned:
@@ -70,7 +75,6 @@ class Pinned:
 def candidates(store, problem: Problem, device: str, limit: int) -> list[tuple[dict, object]]:
     """(trial row, KernelFile) of the fastest stored kernels of ``problem`` on ``device`` whose source
     fits today's plan, fastest alone first, at most ``limit``."""
-    import json
 
     from codegen.bundle import CANDIDATES, KernelFile
     from codegen.export import ExportError, export_kernel
