@@ -192,9 +192,10 @@ SUITES["hopper"] = [
 ]
 
 
-def _tcs(bm, bk, wm, wn, block, warps_k=1, stages=4, split_k=1, epilogue="smem") -> dict:
-    """A block-sparse tensor-core candidate (the block tile spans one block row: bn = block)."""
-    return dict(family="tensorcore", bm=bm, bn=block, bk=bk, wm=wm, wn=wn, warps_k=warps_k, stages=stages,
+def _tcs(bm, bk, wm, wn, block, warps_k=1, stages=4, split_k=1, epilogue="smem", bn=None) -> dict:
+    """A block-sparse tensor-core candidate (the block tile spans one block row, bn = block, or with
+    ``bn`` an equal part of its rows)."""
+    return dict(family="tensorcore", bm=bm, bn=bn or block, bk=bk, wm=wm, wn=wn, warps_k=warps_k, stages=stages,
                 epilogue=epilogue, block=block, split_k=split_k, reduce="two_pass" if split_k > 1 else "none")
 
 
@@ -212,12 +213,27 @@ _SPARSE_BF16 = {
                  _tcs(256, 64, 64, 32, 32, stages=3), _tcs(128, 64, 32, 32, 32)],  # bk 64: two blocks per k-tile
     (4096, 16): [_tcs(128, 16, 32, 16, 16), _tcs(128, 64, 32, 16, 16), _tcs(256, 64, 64, 16, 16),
                  _tcs(128, 32, 32, 16, 16), _tcs(256, 64, 32, 16, 16, stages=3)],
+    # batch 32: few block rows, so also tiles over part of a block's rows (more blocks) with deep
+    # pipelines (a row's few kept blocks all in flight at once)
     (32, 64): [_tcs(32, 32, 16, 32, 64), _tcs(32, 32, 16, 32, 64, split_k=2), _tcs(32, 64, 32, 32, 64, warps_k=2),
-               _tcs(32, 32, 32, 16, 64, split_k=4), _tcs(32, 128, 32, 32, 64, warps_k=2)],
+               _tcs(32, 32, 32, 16, 64, split_k=4), _tcs(32, 128, 32, 32, 64, warps_k=2),
+               _tcs(32, 64, 32, 32, 64, warps_k=2, stages=8),
+               _tcs(32, 64, 16, 16, 64, stages=8, epilogue="direct", bn=32),
+               _tcs(32, 64, 32, 16, 64, stages=8, epilogue="direct", bn=32),
+               _tcs(32, 64, 32, 16, 64, warps_k=2, stages=8, bn=32),
+               _tcs(32, 128, 32, 16, 64, warps_k=4, stages=4, bn=32),
+               _tcs(32, 64, 16, 16, 64, stages=8, epilogue="direct", bn=16),
+               _tcs(32, 64, 32, 16, 64, warps_k=2, stages=8, bn=16)],
     (32, 32): [_tcs(32, 32, 16, 16, 32), _tcs(32, 32, 16, 16, 32, split_k=2), _tcs(32, 32, 32, 32, 32, split_k=4),
-               _tcs(32, 64, 16, 32, 32), _tcs(32, 128, 32, 32, 32, warps_k=2)],
+               _tcs(32, 64, 16, 32, 32), _tcs(32, 128, 32, 32, 32, warps_k=2),
+               _tcs(32, 64, 16, 16, 32, stages=8, epilogue="direct"),
+               _tcs(32, 128, 32, 16, 32, warps_k=4, stages=6),
+               _tcs(32, 64, 16, 16, 32, stages=8, epilogue="direct", bn=16),
+               _tcs(32, 64, 32, 16, 32, warps_k=2, stages=8, bn=16)],
     (32, 16): [_tcs(32, 16, 16, 16, 16), _tcs(32, 16, 16, 16, 16, split_k=2), _tcs(32, 16, 32, 16, 16, split_k=4),
-               _tcs(32, 64, 16, 16, 16), _tcs(32, 128, 32, 16, 16, warps_k=2)],
+               _tcs(32, 64, 16, 16, 16), _tcs(32, 128, 32, 16, 16, warps_k=2),
+               _tcs(32, 64, 16, 16, 16, stages=8, epilogue="direct"),
+               _tcs(32, 128, 32, 16, 16, warps_k=2, stages=6)],
 }
 _SPARSE_FP32 = {
     (4096, 64): [_simts(128, 16, 32, 32, 8, 4, 64), _simts(128, 16, 32, 64, 8, 8, 64),

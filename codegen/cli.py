@@ -273,7 +273,7 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
             raise UsageError(f"the {family} family has no block-sparse variants; choose --family "
                              + " or ".join(n for n in families.names() if families.takes_sparse(n)))
         values["block"] = block
-        values.setdefault("bn", block)  # a block tile spans one block row
+        values.setdefault("bn", block)  # a block tile spans one block row unless --bn parts it (tensorcore)
     try:
         return families.get(family).Spec(**values)
     except ValueError as e:

@@ -23,13 +23,18 @@ def k_outer(layout: Layout, block: int) -> tuple[bool, bool]:
     return layout is Layout.grad_weight, layout is Layout.grad_weight or (layout is Layout.grad_input and not block)
 
 
-def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False) -> list[str]:
-    """What a block-sparse variant of any family needs of its tiles: one block row per block tile,
-    whole k-tiles per block (or, where the family can, whole blocks per k-tile)."""
+def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False, part_rows: bool = False) -> list[str]:
+    """What a block-sparse variant of any family needs of its tiles: one block row per block tile
+    (or, where the family can, an equal part of one), whole k-tiles per block (or, where the family
+    can, whole blocks per k-tile)."""
     why = []
     if block not in SPARSE_BLOCKS:
         why.append(f"block must be one of {SPARSE_BLOCKS} (0: dense W), got {block}")
-    if bn != block:
+    if part_rows:
+        if bn > block or block % bn:
+            why.append(f"a block tile spans one block row or an equal part of it: bn must divide the block ({block}), "
+                       f"got {bn}")
+    elif bn != block:
         why.append(f"a block tile spans one block row: bn must equal the block ({block}), got {bn}")
     if block % bk and not (blocks_per_tile and bk % block == 0):
         why.append(f"bk {bk} must divide the block ({block})" + (" or be a multiple of it" if blocks_per_tile else ""))

@@ -269,7 +269,8 @@ def test_help_shows_the_sparse_options_and_their_defaults(capsys):
 @pytest.mark.parametrize("layout", ["forward", "grad_input"])
 def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, monkeypatch, capsys, db):
     """A sparse problem is searched over its family's sparse space for its layout (bn is the block,
-    not sampled), by ``codegen search`` and by ``tune``; the GPU is replaced by a stop right after."""
+    or in the tensor-core family a divisor of it), by ``codegen search`` and by ``tune``; the GPU is
+    replaced by a stop right after."""
     from codegen import tune
     from codegen.problem import DType, Layout
     from search import parallel
@@ -293,7 +294,8 @@ def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, m
     code, _, err = run(["search", "--family", family, "--dtype", dtype, *SMALL, "--layout", layout, "--block", "32",
                         "--density", "0.5", "--db", url], capsys)
     sparse_space = real(family, DType(dtype), block=32, layout=Layout(layout))
-    assert "bn" not in sparse_space.dims and [s.dims for s in asked] == [sparse_space.dims]
+    assert sparse_space.dims.get("bn") == ((16, 32) if family == "tensorcore" else None)
+    assert [s.dims for s in asked] == [sparse_space.dims]
     problem = cli.problem_from_args(parse(["search", *SMALL, "--dtype", dtype, "--layout", layout, "--block", "32",
                                            "--density", "0.5"]))
     asked.clear()

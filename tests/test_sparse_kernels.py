@@ -50,7 +50,10 @@ def test_sparse_specs_are_named_checked_and_planned(spec):
 
 
 def test_sparse_rules_refuse_tiles_across_block_rows():
-    assert any("bn must equal the block" in w for w in TcSpec(bn=64, bk=32, wm=32, wn=32, block=32).check())
+    assert any("bn must divide the block" in w for w in TcSpec(bn=64, bk=32, wm=32, wn=32, block=32).check())
+    assert TcSpec(bm=32, bn=32, bk=64, wm=32, wn=16, block=64).check() == []  # half of each block's rows
+    assert any("bn must equal the block" in w for w in SimtSpec(bm=64, bn=16, bk=16, wm=32, wn=16, tm=4, tn=4,
+                                                                  block=32).check())
     assert any("must divide the block" in w for w in SimtSpec(bm=64, bn=16, bk=32, wm=32, wn=16, tm=4, tn=4,
                                                                block=16).check())
     assert TcSpec(bn=16, bk=64, wm=32, wn=16, block=16).check() == []  # four whole blocks per k-tile
@@ -63,13 +66,16 @@ def test_sparse_rules_refuse_tiles_across_block_rows():
 @pytest.mark.parametrize("family", ["simt", "tensorcore"])
 def test_the_sparse_space_fixes_the_block_row(family):
     space = space_for(family, DType.bf16, block=32)
-    assert "bn" not in space.dims
+    # a SIMT block tile is one block row; a tensor-core one may be an equal part of it
+    assert space.dims.get("bn") == {"simt": None, "tensorcore": (16, 32)}[family]
     # SIMT k-tiles divide the block; tensor-core k-tiles may also hold several whole blocks
     assert all(32 % v == 0 or (family == "tensorcore" and v % 32 == 0) for v in space.dims["bk"])
     assert (64 in space.dims["bk"]) == (family == "tensorcore")
     point = next(iter(space.points()))
     spec = to_spec(family, point, PROBLEM)
-    assert (spec.bn, spec.block) == (32, 32)
+    assert (spec.bn, spec.block) == ((32 if family == "simt" else point["bn"]), 32)
+    if family == "tensorcore":  # a point found at a larger block, or a built-in seed (bn None), takes the block
+        assert to_spec(family, dict(point, bn=64), PROBLEM).bn == 32 == to_spec(family, dict(point, bn=None), PROBLEM).bn
     valid = {"tensorcore": TcSpec(bias=True, bn=32, bk=32, wm=32, wn=32, block=32),
              "simt": SimtSpec(dtype=DType.bf16, bias=True, bm=64, bn=32, bk=16, wm=32, wn=32, tm=4, tn=8, block=32)}
     assert to_spec(family, point_of(valid[family]), PROBLEM) == valid[family]

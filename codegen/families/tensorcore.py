@@ -11,8 +11,9 @@ reduced through shared memory). ``split_k`` splits K over the grid (atomic for f
 two passes through an fp32 workspace). ``prepass="pack"`` first copies X and W into the workspace
 with rows padded to 16 bytes, so shapes whose K breaks 16-byte row alignment still run the fast
 pipeline. ``block`` > 0 makes W block-sparse (BSR, ``block x block`` blocks, see codegen.sparse):
-a block tile spans one block row (``bn == block``), its k-tiles run over that row's kept blocks
-only, and ``split_k`` splits those blocks. The epilogue adds the bias in fp32, converts, and stores either straight from the
+a block tile spans one block row or an equal part of it (``bn`` divides ``block``: more blocks
+for a few block rows, as at batch 32), its k-tiles run over that row's kept blocks only, and
+``split_k`` splits those blocks. The epilogue adds the bias in fp32, converts, and stores either straight from the
 accumulators (pairs of elements) or staged through shared memory as 16-byte rows.
 """
 
@@ -81,7 +82,7 @@ class Spec(SpecData):
     wm: int = field(default=64, metadata={"help": "warp tile rows"})
     wn: int = field(default=32, metadata={"help": "warp tile columns"})
     warps_k: int = field(default=1, metadata={"help": "warps splitting each k-tile (slice-K)"})
-    stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-5)"})
+    stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-8)"})
     smem: str = field(default="swizzle", metadata={"choices": LAYOUTS, "help": "shared tile layout"})
     epilogue: str = field(default="smem", metadata={"choices": EPILOGUES, "help": "output stores"})
     group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
@@ -244,8 +245,8 @@ class Spec(SpecData):
             why.append(f"bk {self.bk} must make a power-of-two number (>= 2) of 16-byte chunks per row")
         elif (self.bk // self.k_step) % self.warps_k:
             why.append(f"warps_k {self.warps_k} must divide the {self.bk // self.k_step} k-steps of a {self.bk} k-tile")
-        if not 2 <= self.stages <= 5:
-            why.append(f"stages must be 2 to 5, got {self.stages}")
+        if not 2 <= self.stages <= 8:
+            why.append(f"stages must be 2 to 8, got {self.stages}")
         if self.mma == "wmma":
             if self.smem != "pad":
                 why.append("wmma loads need a plain row stride: smem must be 'pad'")
@@ -270,7 +271,7 @@ class Spec(SpecData):
                     why.append(f"a k-outer operand's tile rows are 16-byte chunks along {side}: {side} {rows} must make "
                                f"a power-of-two number of them")
         if self.block:
-            why += sparse_rules(self.block, self.bn, self.bk, blocks_per_tile=True)
+            why += sparse_rules(self.block, self.bn, self.bk, blocks_per_tile=True, part_rows=True)
             if self.prepass != "none":
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if why:

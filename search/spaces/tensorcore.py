@@ -11,8 +11,10 @@ NAME = "tensorcore"
 
 def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.forward) -> Space:
     """Everything the tensor-core template can express that is worth trying. With a block-sparse
-    W (``block`` > 0) the block tile spans one block row, so ``bn`` is the block (not sampled),
-    and W needs no packing; a k-tile is part of a block or several whole blocks. The backward
+    W (``block`` > 0) the block tile spans one block row or an equal part of it, so ``bn`` is a
+    divisor of the block, and W needs no packing; a k-tile is part of a block or several whole
+    blocks. Deep pipelines (6 and 8 stages) are for small tiles, whose k-tiles a few kept blocks
+    of a block row can all have in flight at once. The backward
     layouts have no pack prepass. ``split`` is split-K with its reduction (atomics only for the
     fp32 output of tf32; ``search.space.split_choices``)."""
     dims = {
@@ -23,7 +25,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "wm": (16, 32, 64),
         "wn": (16, 32, 64),
         "warps_k": (1, 2, 4, 8),
-        "stages": (2, 3, 4, 5),
+        "stages": (2, 3, 4, 5, 6, 8),
         "smem": ("swizzle", "pad"),
         "epilogue": ("direct", "smem"),
         "group_m": (1, 4, 8, 16),
@@ -33,7 +35,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     if block or Layout(layout) is not Layout.forward:
         del dims["prepass"]
     if block:
-        del dims["bn"]
+        dims["bn"] = tuple(v for v in dims["bn"] if block % v == 0)
         dims["wn"] = tuple(v for v in dims["wn"] if block % v == 0)
     return Space(NAME, dims)
 
@@ -73,19 +75,19 @@ SEEDS = [
 
 
 #: Block-sparse W: the best kernels of the searched H200 sparsity suite (2026-12-01,
-#: benchmarks/results/sparse-NVIDIA_H200-2026-12-01T062446Z.json and ...T064451Z.json); ``bn`` is
-#: the problem's block whatever the point says.
+#: benchmarks/results/sparse-NVIDIA_H200-2026-12-01T062446Z.json and ...T064451Z.json), found with
+#: bn = the block; their bn is None, which ``to_spec`` makes the problem's block.
 SPARSE_SEEDS = [
-    _point(128, 64, 64, 64, 32, 1, 4, "smem"),  # block 64, density 0.25-0.5
-    _point(128, 64, 32, 32, 64, 1, 4, "smem"),  # block 64, density 0.1
-    _point(256, 32, 32, 64, 32, 1, 4, "smem", group_m=4),  # block 32
-    _point(128, 32, 32, 64, 32, 1, 4, "smem"),
-    _point(128, 16, 64, 32, 16, 1, 4, "smem"),  # block 16: four blocks per k-tile
-    _point(128, 16, 16, 32, 16, 1, 4, "smem"),
-    _point(32, 64, 64, 32, 32, 2, 4, "smem"),  # batch 32
-    _point(32, 32, 64, 16, 16, 2, 4, "smem", group_m=4),
-    _point(32, 16, 128, 16, 16, 4, 4, "smem"),
-    dict(_point(32, 32, 32, 16, 32, 1, 4, "smem", group_m=4), split="k4r"),
+    _point(128, None, 64, 64, 32, 1, 4, "smem"),  # block 64, density 0.25-0.5
+    _point(128, None, 32, 32, 64, 1, 4, "smem"),  # block 64, density 0.1
+    _point(256, None, 32, 64, 32, 1, 4, "smem", group_m=4),  # block 32
+    _point(128, None, 32, 64, 32, 1, 4, "smem"),
+    _point(128, None, 64, 32, 16, 1, 4, "smem"),  # block 16: four blocks per k-tile
+    _point(128, None, 16, 32, 16, 1, 4, "smem"),
+    _point(32, None, 64, 32, 32, 2, 4, "smem"),  # batch 32
+    _point(32, None, 64, 16, 16, 2, 4, "smem", group_m=4),
+    _point(32, None, 128, 16, 16, 4, 4, "smem"),
+    dict(_point(32, None, 32, 16, 32, 1, 4, "smem", group_m=4), split="k4r"),
 ]
 
 
@@ -95,7 +97,9 @@ def to_spec(point: dict, problem: Problem) -> Spec:
     layout no pack prepass."""
     p = dict(point)
     if problem.block:
-        p.update(bn=problem.block, prepass="none", block=problem.block)
+        if p.get("bn") is None or problem.block % p["bn"]:  # no bn (the seeds), or one that cannot part the block
+            p["bn"] = problem.block
+        p.update(prepass="none", block=problem.block)
     if problem.layout is not Layout.forward:
         p["prepass"] = "none"  # no pack prepass in the backward layouts (not a dimension of their space)
     if p["mma"] == "wmma":

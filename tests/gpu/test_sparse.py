@@ -44,6 +44,11 @@ VARIANTS = [
            reduce="two_pass", block=32),
     TcSpec(dtype=DType.tf32, bm=64, bn=16, bk=32, wm=32, wn=16, stages=3, block=16),
     TcSpec(dtype=DType.bf16, mma="wmma", smem="pad", epilogue="smem", bm=64, bn=32, bk=32, wm=32, wn=32, block=32),
+    # block tiles over part of a block row's rows (bn < block), deep pipelines
+    TcSpec(dtype=DType.bf16, bias=True, bm=32, bn=32, bk=64, wm=16, wn=16, stages=8, epilogue="direct", block=64),
+    TcSpec(dtype=DType.bf16, bm=32, bn=16, bk=64, wm=32, wn=16, warps_k=2, stages=6, epilogue="smem", block=64),
+    TcSpec(dtype=DType.fp16, bm=64, bn=16, bk=64, wm=32, wn=16, stages=3, block=32),  # 2 blocks per k-tile
+    TcSpec(dtype=DType.tf32, bm=32, bn=16, bk=32, wm=16, wn=16, stages=5, split_k=2, reduce="atomic", block=32),
     SimtSpec(dtype=DType.fp32, bm=128, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, block=64),
     SimtSpec(dtype=DType.fp32, bias=True, bm=64, bn=16, bk=16, wm=32, wn=16, tm=4, tn=4, stages=1, block=16),
     SimtSpec(dtype=DType.bf16, bias=True, bm=64, bn=32, bk=32, wm=32, wn=32, tm=4, tn=8, vec=8, pad=8, stages=3,
