@@ -205,6 +205,11 @@ def _simts(bm, bk, wm, wn, tm, tn, block, stages=2, copy="reg", split_k=1, pad=4
                 block=block, split_k=split_k, reduce="atomic" if split_k > 1 else "none")
 
 
+def _dr(bm, bn, warps, block, depth=1) -> dict:
+    """A direct-family candidate (block-sparse W at small batches, codegen/families/direct.py)."""
+    return dict(family="direct", bm=bm, bn=bn, warps=warps, depth=depth, block=block)
+
+
 #: Hand-picked starting points for block-sparse W, per (M, block): tiles one block row wide.
 _SPARSE_BF16 = {
     (4096, 64): [_tcs(128, 32, 64, 32, 64), _tcs(256, 32, 64, 32, 64), _tcs(128, 32, 32, 64, 64),
@@ -223,17 +228,22 @@ _SPARSE_BF16 = {
                _tcs(32, 64, 32, 16, 64, warps_k=2, stages=8, bn=32),
                _tcs(32, 128, 32, 16, 64, warps_k=4, stages=4, bn=32),
                _tcs(32, 64, 16, 16, 64, stages=8, epilogue="direct", bn=16),
-               _tcs(32, 64, 32, 16, 64, warps_k=2, stages=8, bn=16)],
+               _tcs(32, 64, 32, 16, 64, warps_k=2, stages=8, bn=16),
+               _dr(32, 32, 8, 64), _dr(32, 32, 4, 64, depth=2), _dr(32, 16, 8, 64), _dr(32, 16, 4, 64, depth=2),
+               _dr(32, 16, 16, 64), _dr(32, 64, 8, 64), _dr(32, 8, 4, 64)],
     (32, 32): [_tcs(32, 32, 16, 16, 32), _tcs(32, 32, 16, 16, 32, split_k=2), _tcs(32, 32, 32, 32, 32, split_k=4),
                _tcs(32, 64, 16, 32, 32), _tcs(32, 128, 32, 32, 32, warps_k=2),
                _tcs(32, 64, 16, 16, 32, stages=8, epilogue="direct"),
                _tcs(32, 128, 32, 16, 32, warps_k=4, stages=6),
                _tcs(32, 64, 16, 16, 32, stages=8, epilogue="direct", bn=16),
-               _tcs(32, 64, 32, 16, 32, warps_k=2, stages=8, bn=16)],
+               _tcs(32, 64, 32, 16, 32, warps_k=2, stages=8, bn=16),
+               _dr(32, 32, 8, 32), _dr(32, 32, 8, 32, depth=2), _dr(32, 16, 8, 32), _dr(32, 16, 4, 32, depth=2),
+               _dr(32, 32, 16, 32), _dr(32, 8, 4, 32)],
     (32, 16): [_tcs(32, 16, 16, 16, 16), _tcs(32, 16, 16, 16, 16, split_k=2), _tcs(32, 16, 32, 16, 16, split_k=4),
                _tcs(32, 64, 16, 16, 16), _tcs(32, 128, 32, 16, 16, warps_k=2),
                _tcs(32, 64, 16, 16, 16, stages=8, epilogue="direct"),
-               _tcs(32, 128, 32, 16, 16, warps_k=2, stages=6)],
+               _tcs(32, 128, 32, 16, 16, warps_k=2, stages=6),
+               _dr(32, 16, 8, 16), _dr(32, 16, 8, 16, depth=2), _dr(32, 8, 8, 16), _dr(32, 16, 16, 16, depth=2)],
 }
 _SPARSE_FP32 = {
     (4096, 64): [_simts(128, 16, 32, 32, 8, 4, 64), _simts(128, 16, 32, 64, 8, 8, 64),

@@ -88,7 +88,7 @@ def test_another_familys_dict_or_name_is_refused():
         (dict(split_k=2), "reduce is 'none' exactly when split_k is 1"),
         (dict(wm=8), "multiples of 16"),
         (dict(bk=24), "power-of-two number"),
-        (dict(stages=9), "stages must be 2 to 8"),
+        (dict(stages=17), "stages must be 2 to 16"),
         (dict(bm=256, bn=256, wm=32, wn=32), "threads per block"),
         (dict(bm=256, bn=256, bk=256, wm=64, wn=64, stages=5), "shared memory"),
         (dict(smem="diagonal"), "smem must be one of"),

@@ -82,7 +82,7 @@ class Spec(SpecData):
     wm: int = field(default=64, metadata={"help": "warp tile rows"})
     wn: int = field(default=32, metadata={"help": "warp tile columns"})
     warps_k: int = field(default=1, metadata={"help": "warps splitting each k-tile (slice-K)"})
-    stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-8)"})
+    stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-16)"})
     smem: str = field(default="swizzle", metadata={"choices": LAYOUTS, "help": "shared tile layout"})
     epilogue: str = field(default="smem", metadata={"choices": EPILOGUES, "help": "output stores"})
     group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
@@ -245,8 +245,8 @@ class Spec(SpecData):
             why.append(f"bk {self.bk} must make a power-of-two number (>= 2) of 16-byte chunks per row")
         elif (self.bk // self.k_step) % self.warps_k:
             why.append(f"warps_k {self.warps_k} must divide the {self.bk // self.k_step} k-steps of a {self.bk} k-tile")
-        if not 2 <= self.stages <= 8:
-            why.append(f"stages must be 2 to 8, got {self.stages}")
+        if not 2 <= self.stages <= 16:
+            why.append(f"stages must be 2 to 16, got {self.stages}")
         if self.mma == "wmma":
             if self.smem != "pad":
                 why.append("wmma loads need a plain row stride: smem must be 'pad'")

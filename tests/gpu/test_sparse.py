@@ -8,6 +8,7 @@ import pytest
 
 from codegen import sparse
 from codegen.evaluate import Evaluator
+from codegen.families.direct import Spec as DrSpec
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
 from codegen.problem import DType
@@ -49,6 +50,12 @@ VARIANTS = [
     TcSpec(dtype=DType.bf16, bm=32, bn=16, bk=64, wm=32, wn=16, warps_k=2, stages=6, epilogue="smem", block=64),
     TcSpec(dtype=DType.fp16, bm=64, bn=16, bk=64, wm=32, wn=16, stages=3, block=32),  # 2 blocks per k-tile
     TcSpec(dtype=DType.tf32, bm=32, bn=16, bk=32, wm=16, wn=16, stages=5, split_k=2, reduce="atomic", block=32),
+    # the direct family: fragments straight from memory, warps sharing out a block row's blocks
+    DrSpec(dtype=DType.bf16, bm=32, bn=32, warps=8, depth=1, block=64),
+    DrSpec(dtype=DType.bf16, bias=True, bm=32, bn=16, warps=4, depth=2, block=64),
+    DrSpec(dtype=DType.fp16, bias=True, bm=16, bn=8, warps=2, depth=2, block=16),
+    DrSpec(dtype=DType.bf16, bm=64, bn=32, warps=1, depth=1, block=32),  # one warp: stores from the accumulators
+    DrSpec(dtype=DType.fp16, bm=48, bn=32, warps=16, depth=1, block=32),
     SimtSpec(dtype=DType.fp32, bm=128, bn=64, bk=16, wm=32, wn=32, tm=8, tn=4, block=64),
     SimtSpec(dtype=DType.fp32, bias=True, bm=64, bn=16, bk=16, wm=32, wn=16, tm=4, tn=4, stages=1, block=16),
     SimtSpec(dtype=DType.bf16, bias=True, bm=64, bn=32, bk=32, wm=32, wn=32, tm=4, tn=8, vec=8, pad=8, stages=3,
