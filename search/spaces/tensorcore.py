@@ -76,7 +76,8 @@ SEEDS = [
 
 #: Block-sparse W: the best kernels of the searched H200 sparsity suite (2026-12-01,
 #: benchmarks/results/sparse-NVIDIA_H200-2026-12-01T062446Z.json and ...T064451Z.json), found with
-#: bn = the block; their bn is None, which ``to_spec`` makes the problem's block.
+#: bn = the block; their bn is None, which ``to_spec`` makes the problem's block (as it does a bn
+#: that cannot part it).
 SPARSE_SEEDS = [
     _point(128, None, 64, 64, 32, 1, 4, "smem"),  # block 64, density 0.25-0.5
     _point(128, None, 32, 32, 64, 1, 4, "smem"),  # block 64, density 0.1
@@ -88,6 +89,10 @@ SPARSE_SEEDS = [
     _point(32, None, 64, 16, 16, 2, 4, "smem", group_m=4),
     _point(32, None, 128, 16, 16, 4, 4, "smem"),
     dict(_point(32, None, 32, 16, 32, 1, 4, "smem", group_m=4), split="k4r"),
+    # batch 32, block tiles over half a block of 64 (benchmarks/results/sparse-NVIDIA_H200-2026-12-04T051744Z.json):
+    _point(32, 32, 64, 16, 16, 1, 8, "direct"),  # blocks 32 and 64, density 0.05-0.1
+    _point(32, 32, 128, 32, 16, 4, 4, "smem"),  # block 64, density 0.25-0.5
+    _point(32, 32, 128, 32, 16, 4, 6, "smem"),  # block 32, density 0.25
 ]
 
 
