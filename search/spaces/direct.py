@@ -28,10 +28,13 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
 RESTRICTED = dict(bm=(32,), bn=(16, 32), warps=(4, 8), depth=(1, 2))
 
 
-#: Known-good points: the family's fastest at batch 32 in the H200 suite of 2026-12-04
-#: (benchmarks/results/sparse-NVIDIA_H200-2026-12-04T051744Z.json); the family has no dense variant.
+#: Known-good points: the family's fastest at batch 32 on the H200 on 2026-12-04 (40- and 120-trial
+#: searches, benchmarks/results/device-2026-12-04c/call5 and call6, and the hand suite
+#: benchmarks/results/sparse-hand-NVIDIA_H200-2026-12-04T051744Z.json); the family has no dense variant.
 SEEDS: list[dict] = []
 SPARSE_SEEDS = [
+    dict(bm=16, bn=16, warps=8, depth=2),  # block 64, density 0.1
+    dict(bm=16, bn=16, warps=8, depth=1),  # block 32, density 0.1; block 16, density 0.25
     dict(bm=32, bn=16, warps=16, depth=2),  # block 16, density 0.25-0.5
     dict(bm=32, bn=8, warps=8, depth=1),  # block 16, density 0.1
     dict(bm=32, bn=16, warps=8, depth=1),  # blocks 32 and 64

@@ -89,7 +89,7 @@ SPARSE_SEEDS = [
     _point(32, None, 64, 16, 16, 2, 4, "smem", group_m=4),
     _point(32, None, 128, 16, 16, 4, 4, "smem"),
     dict(_point(32, None, 32, 16, 32, 1, 4, "smem", group_m=4), split="k4r"),
-    # batch 32, block tiles over half a block of 64 (benchmarks/results/sparse-NVIDIA_H200-2026-12-04T051744Z.json):
+    # batch 32, block tiles over half a block of 64 (benchmarks/results/sparse-hand-NVIDIA_H200-2026-12-04T051744Z.json):
     _point(32, 32, 64, 16, 16, 1, 8, "direct"),  # blocks 32 and 64, density 0.05-0.1
     _point(32, 32, 128, 32, 16, 4, 4, "smem"),  # block 64, density 0.25-0.5
     _point(32, 32, 128, 32, 16, 4, 6, "smem"),  # block 32, density 0.25
