@@ -261,8 +261,31 @@ _SPARSE_FP32 = {
 #: Issue 11's sparsity suite: a synthetic random pattern (seed 0) per block and density, for the
 #: large square layer and batch 32, bf16 on tensor cores and fp32 on CUDA cores.
 SPARSE_DENSITIES = (0.05, 0.1, 0.25, 0.5)
+#: The families whose block-sparse variants run each dtype of the sparsity suite. Their built-in sparse
+#: seeds (search/spaces/: the bests of earlier H200 searches and probes) join every problem's hand-picked
+#: candidates, so one run times each family's known-good kernels side by side with the baselines.
+SPARSE_FAMILIES = {DType.bf16: ("tensorcore", "hopper", "direct"), DType.fp32: ("simt",)}
+
+
+def with_sparse_seeds(problem: Problem, candidates: list[dict]) -> list[dict]:
+    """The hand-picked candidates, then the sparse seeds of the dtype's families mapped onto the
+    problem, each kernel once (by name); seeds a problem's rules refuse are tried and reported invalid."""
+    from search.space import seeds, to_spec
+
+    pool = candidates + [to_spec(family, point, problem).to_dict() for family in SPARSE_FAMILIES[problem.dtype]
+                         for point in seeds(family, problem.block)]
+    out, names = [], set()
+    for params in pool:
+        name = candidate_spec(problem, params).name
+        if name not in names:
+            names.add(name)
+            out.append(params)
+    return out
+
+
 SUITES["sparse"] = [
-    (sparse.problem_for(m, sparse.Pattern.random(4096, 4096, block, density, seed=0), dtype), cands[(m, block)])
+    (problem := sparse.problem_for(m, sparse.Pattern.random(4096, 4096, block, density, seed=0), dtype),
+     with_sparse_seeds(problem, cands[(m, block)]))
     for dtype, cands in ((DType.bf16, _SPARSE_BF16), (DType.fp32, _SPARSE_FP32))
     for m in (4096, 32)
     for block in sparse.BLOCKS
