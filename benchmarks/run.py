@@ -7,7 +7,8 @@ Writes ``<suite>-<device>-<UTC date-time>.json`` (format: DESIGN.md) to benchmar
 rewritten after every problem, so a run that is killed keeps what it measured.
 ``--problems`` keeps the suite's problems whose key (e.g. ``32x4096x4096_fp32_forward``) is given.
 Each problem's candidates are hand-picked specs (dicts of a family's fields; "family" defaults to
-simt, the family every suite here is written for); the fastest correct one is "ours". With
+simt, the family every suite here is written for; the sparsity suite adds its families' built-in
+sparse seeds); the fastest correct one is "ours". With
 ``--search``, each problem is instead searched (the candidates are tried first) with that budget,
 every trial stored in ``DIR/<suite>.db``, and the best found is "ours".
 """
@@ -284,12 +285,12 @@ def with_sparse_seeds(problem: Problem, candidates: list[dict]) -> list[dict]:
 
 
 SUITES["sparse"] = [
-    (problem := sparse.problem_for(m, sparse.Pattern.random(4096, 4096, block, density, seed=0), dtype),
-     with_sparse_seeds(problem, cands[(m, block)]))
+    (problem, with_sparse_seeds(problem, cands[(m, block)]))
     for dtype, cands in ((DType.bf16, _SPARSE_BF16), (DType.fp32, _SPARSE_FP32))
     for m in (4096, 32)
     for block in sparse.BLOCKS
     for density in SPARSE_DENSITIES
+    for problem in (sparse.problem_for(m, sparse.Pattern.random(4096, 4096, block, density, seed=0), dtype),)
 ]
 
 def hand_suite(problems: list, timing: dict):
