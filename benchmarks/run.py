@@ -33,6 +33,7 @@ from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 from codegen.versions import versions
 from search import DEFAULT_SAMPLER, SAMPLERS
+from search.space import seeds, to_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The family of a candidate that does not name one.
@@ -178,16 +179,15 @@ SUITES["tensorcore"] = [
 ] + [(Problem(4096, 4096, 4096, DType.tf32), _TC_TF32)]
 
 
-def _hopper_candidates(problem: Problem) -> list[dict]:
-    """The hopper space's seeds as candidates for ``problem`` (the pack prepass where K breaks 16-byte rows)."""
-    from search.space import seeds, to_spec
-
-    return [to_spec("hopper", point, problem).to_dict() for point in seeds("hopper")]
+def seed_candidates(family: str, problem: Problem) -> list[dict]:
+    """The family's built-in seeds (sparse ones for a block-sparse W) as candidates for ``problem``,
+    mapped by its space (e.g. hopper's pack prepass where K breaks 16-byte rows)."""
+    return [to_spec(family, point, problem).to_dict() for point in seeds(family, problem.block)]
 
 
 #: The large layers of the tensor-core suite on the Hopper family (wgmma + TMA, sm_90 only).
 SUITES["hopper"] = [
-    (problem, _hopper_candidates(problem))
+    (problem, seed_candidates("hopper", problem))
     for problem in (Problem(m, n, k, dtype) for dtype in (DType.bf16, DType.fp16)
                     for m, n, k in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096), (4097, 4095, 4093)))
 ]
@@ -271,10 +271,7 @@ SPARSE_FAMILIES = {DType.bf16: ("tensorcore", "hopper", "direct"), DType.fp32: (
 def with_sparse_seeds(problem: Problem, candidates: list[dict]) -> list[dict]:
     """The hand-picked candidates, then the sparse seeds of the dtype's families mapped onto the
     problem, each kernel once (by name); seeds a problem's rules refuse are tried and reported invalid."""
-    from search.space import seeds, to_spec
-
-    pool = candidates + [to_spec(family, point, problem).to_dict() for family in SPARSE_FAMILIES[problem.dtype]
-                         for point in seeds(family, problem.block)]
+    pool = candidates + [c for family in SPARSE_FAMILIES[problem.dtype] for c in seed_candidates(family, problem)]
     out, names = [], set()
     for params in pool:
         name = candidate_spec(problem, params).name
