@@ -50,7 +50,7 @@ from codegen.families import spec_from_dict
 from codegen.problem import Problem
 from search import DEFAULT_SAMPLER, SAMPLERS
 from search.cmaes import CmaEs
-from search.space import Space, point_of, structure
+from search.space import Space, point_of
 
 #: Identical failures in a row (same status, same evidence but for numbers and kernel names)
 #: after which a search stops: something other than the kernels is broken.
@@ -83,7 +83,7 @@ def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.B
     if name == "local":
         from search.local import LocalSampler
 
-        return LocalSampler(CmaEs(seed=seed, warn_independent_sampling=False), seed=seed, **structure(space))
+        return LocalSampler(CmaEs(seed=seed, warn_independent_sampling=False), seed=seed)
     if name == "gp":
         try:
             import scipy  # noqa: F401

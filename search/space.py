@@ -23,7 +23,7 @@ from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
 
 __all__ = ["Space", "narrowings", "point_of", "recorded_space", "seeds", "space_for", "split_choices", "split_of",
-           "split_value", "structure", "to_spec"]
+           "split_value", "to_spec"]
 
 
 @dataclass(frozen=True)
@@ -163,21 +163,6 @@ def to_spec(family: str, point: dict, problem: Problem) -> KernelSpec:
 def point_of(spec: KernelSpec) -> dict:
     """The point of its family's space that maps onto ``spec`` (inverse of to_spec)."""
     return _module(spec.family).point_of(spec)
-
-
-def structure(space: Space) -> dict:
-    """What a sampler may know of the space's dimensions beyond their order (the local sampler's
-    keywords, search/local.py): ``unordered``, the dimensions whose choices are names (a copy
-    mode, a reduction), not magnitudes; ``linked``, the pairs of dimensions whose choices pay only
-    together (the family's ``LINKED``); ``parts``, per choice of a tied dimension what it is made
-    of (``split``: splits and reduction; the family's ``PARTS`` for its own)."""
-    module = _module(space.family)
-    made_of = {"split": split_of, **getattr(module, "PARTS", {})}
-    return {
-        "unordered": [n for n, values in space.dims.items() if any(isinstance(v, str) for v in values)],
-        "linked": [(a, b) for a, b in getattr(module, "LINKED", ()) if a in space.dims and b in space.dims],
-        "parts": {n: [tuple(made_of[n](v)) for v in values] for n, values in space.dims.items() if n in made_of},
-    }
 
 
 def seeds(family: str, block: int = 0) -> list[dict]:

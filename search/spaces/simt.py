@@ -61,13 +61,6 @@ def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.for
     return Space(NAME, dims)
 
 
-#: Pairs of dimensions whose choices pay only together, which the local sampler also changes as
-#: pairs (search/local.py): the k-tile and the padding each with the copy mode (register copies
-#: do best with short k-tiles, cp.async with longer ones and rows of 16 bytes).
-LINKED = (("bk", "pipeline"), ("pad", "pipeline"))
-#: What each ``pipeline`` choice is made of, for the local sampler's model: (stages, copy).
-PARTS = {"pipeline": pipeline_of}
-
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes (replay recordings use it).
 RESTRICTED = dict(
     bm=(64, 128, 256), bn=(64, 128), bk=(8, 16, 32), tm=(4, 8), tn=(4, 8), lanes_m=(2, 4, 8),

@@ -77,63 +77,10 @@ def test_neighbours_stay_inside_the_space(corner):
     assert 0 <= got[0] <= 4 and 0 <= got[1] <= 2 and abs(got[0] - a) + abs(got[1] - b) == 1
 
 
-def study_of(dists: dict, points: list[tuple], **structure) -> optuna.Study:
-    """A study over ``dists`` holding made-up complete trials (the point's values in ``dists``' order, then the value)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=LocalSampler(Recorder(), startup=3, seed=0, **structure))
-    for *values, value in points:
-        study.add_trial(optuna.trial.create_trial(params=dict(zip(dists, values, strict=True)), distributions=dists,
-                                                  value=value))
-    return study
-
-
-def ask_all(study: optuna.Study, dists: dict) -> tuple[int, ...]:
-    trial = study.ask()
-    return tuple(trial.suggest_int(n, d.low, d.high) for n, d in dists.items())
-
-
-WIDE = {"a": IntDistribution(0, 1), "b": IntDistribution(0, 4)}
-
-
-def test_an_unordered_dimension_moves_to_any_choice():
-    # made up: b = 4 was seen best where tried; the best is (1, 0). Ordered, b's neighbours of 0 are
-    # 1 only; unordered (b's choices are names, not magnitudes), 4 is one move away and ranks first
-    points = [(0, 4, 3.0), (0, 0, 2.0), (0, 1, 1.0), (1, 0, 4.0)]
-    assert ask_all(study_of(WIDE, points, unordered=["b"]), WIDE) == (1, 4)
-    assert ask_all(study_of(WIDE, points), WIDE) == (1, 1)
-
-
-def test_a_linked_pair_moves_together_before_the_fallback_takes_over():
-    # made up: every one-dimension neighbour of the best (1, 2) is tried (b is ordered: 1 and 3);
-    # with a and b linked, a move of both is next (not the fallback), and the model picks b = 4,
-    # seen good at (1, 4)
-    points = [(1, 2, 5.0), (0, 2, 1.0), (1, 1, 1.0), (1, 3, 1.0), (1, 4, 4.0)]
-    study = study_of(WIDE, points, linked=[("a", "b")])
-    assert ask_all(study, WIDE) == (0, 4) and study.sampler.local_proposals == 1
-    unlinked = study_of(WIDE, points)
-    ask_all(unlinked, WIDE)
-    assert unlinked.sampler.local_proposals == 0 and unlinked.sampler.fallback.asked == 1
-
-
-def test_what_a_choice_is_made_of_carries_to_choices_not_tried():
-    # made up: s's choices are (2, x), (2, y), (4, x), (4, y); (2, x) was good and (4, x) poor. Of
-    # the untried (2, y) and (4, y), the model ranks (2, y) first by its part 2; without the parts
-    # the two tie (and a random one of them is proposed)
-    dists = {"a": IntDistribution(0, 1), "s": IntDistribution(0, 3)}
-    parts = {"s": [(2, "x"), (2, "y"), (4, "x"), (4, "y")]}
-    points = [(0, 0, 3.0), (0, 2, 1.0), (1, 0, 4.0)]
-    for seed in range(5):
-        study = study_of(dists, points, unordered=["s"], parts=parts)
-        study.sampler._rng.seed(seed)
-        assert ask_all(study, dists) == (1, 1)
-    assert ask_all(study_of(dists, points, unordered=["s"]), dists) in {(1, 1), (1, 3)}
-
-
 def test_the_state_kept_between_proposals_is_what_a_refit_over_the_study_gives():
-    # made up: a random objective over a 3-dimension space (one dimension unordered, two linked, one
-    # made of parts), asked with up to 3 trials running at once (as the runner's lookahead does),
-    # some pruned; after each proposal the sampler's kept state (tried points, best, model) must
-    # equal one computed afresh from every trial
+    # made up: a random objective over a 3-dimension space, asked with up to 3 trials running at
+    # once (as the runner's lookahead does), some pruned; after each proposal the sampler's kept
+    # state (tried points, best, model) must equal one computed afresh from every trial
     import random
 
     import numpy as np
@@ -141,16 +88,9 @@ def test_the_state_kept_between_proposals_is_what_a_refit_over_the_study_gives()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = {"a": IntDistribution(0, 5), "b": IntDistribution(0, 3), "c": IntDistribution(1, 4)}
     names = sorted(dists)
-    parts = {"c": [("p", 0), ("p", 1), ("q", 0), ("q", 1), ("r", 1)]}  # by choice index 0..4 (c takes 1..4)
-    sampler = LocalSampler(optuna.samplers.RandomSampler(seed=1), startup=4, seed=0, unordered=["c"],
-                           linked=[("a", "b")], parts=parts)
+    sampler = LocalSampler(optuna.samplers.RandomSampler(seed=1), startup=4, seed=0)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     rng, running, checked = random.Random(2), [], 0
-
-    def columns(p: dict) -> list[tuple]:
-        cols = [(n, p[n]) for n in names] + [("a*b", p["a"], p["b"])]
-        return cols + [("c", i, part) for i, part in enumerate(parts["c"][p["c"]])]
-
     for _ in range(120):
         trial = study.ask()
         params = {n: trial.suggest_int(n, dists[n].low, dists[n].high) for n in names}
@@ -170,18 +110,18 @@ def test_the_state_kept_between_proposals_is_what_a_refit_over_the_study_gives()
         assert seen.tried == {tuple(t.params[n] for n in names) for t in trials if len(t.params) == 3}
         best = max(complete, key=lambda t: t.value)
         assert seen.complete == len(complete) and seen.best[2] == best.params
-        # the model as it was refit from every complete trial at each proposal: one indicator per
-        # (dimension, choice), per (a, b) pair of choices, per (position, part) of c's choice
-        vocab = sorted({col for t in complete for col in columns(t.params)}, key=repr)
-        where = {col: i for i, col in enumerate(vocab)}
-        x = np.zeros((len(complete), len(vocab)))
+        # the model as it was refit from every complete trial at each proposal
+        offset, cols = {}, 0
+        for n in names:
+            offset[n], cols = cols - dists[n].low, cols + dists[n].high - dists[n].low + 1
+        x = np.zeros((len(complete), cols))
         for row, t in enumerate(complete):
-            x[row, [where[col] for col in columns(t.params)]] = 1.0
+            for n in names:
+                x[row, offset[n] + t.params[n]] = 1.0
         y = np.array([t.value for t in complete]) / best.value
-        w = np.linalg.solve(x.T @ x + sampler.ridge * np.eye(len(vocab)), x.T @ (y - y.mean()))
+        w = np.linalg.solve(x.T @ x + sampler.ridge * np.eye(cols), x.T @ (y - y.mean()))
         points = [{n: rng.randint(dists[n].low, dists[n].high) for n in names} for _ in range(5)]
-        expected = [sum(w[where[col]] for col in columns(p) if col in where) for p in points]
-        got = seen.scores([tuple(p[n] for n in names) for p in points], sampler.ridge)
-        assert np.allclose(got, expected, rtol=1e-9, atol=1e-12)
+        expected = [sum(w[offset[n] + p[n]] for n in names) for p in points]
+        assert np.allclose(seen.scores(points, sampler.ridge), expected, rtol=1e-9, atol=1e-12)
         checked += 1
     assert checked > 80 and sampler.local_proposals > 5

@@ -91,25 +91,3 @@ def test_a_block_sparse_hopper_grid_is_one_dimension_the_rules_accept():
         assert point_of(spec) == point
         seen.add(point["grid"])
     assert seen == {"plain", "ranges", "grouped"}
-
-
-def test_the_local_sampler_is_told_each_family_s_structure():
-    from search.local import LocalSampler
-    from search.runner import make_sampler
-    from search.space import structure
-
-    simt_space = space_for("simt", DType.fp32)
-    got = structure(simt_space)
-    assert got["unordered"] == ["pipeline", "split"]  # named choices; every other SIMT choice is a number
-    assert got["linked"] == [("bk", "pipeline"), ("pad", "pipeline")]
-    split, pipeline = simt_space.dims["split"], simt_space.dims["pipeline"]
-    assert got["parts"]["split"][split.index("k4a")] == (4, "atomic")
-    assert got["parts"]["pipeline"][pipeline.index("s3c")] == (3, "async")
-    sampler = make_sampler("local", 0, simt_space)
-    assert isinstance(sampler, LocalSampler) and sampler.unordered == {"pipeline", "split"}
-    assert sampler.linked == (("bk", "pipeline"), ("pad", "pipeline")) and set(sampler.parts) == {"pipeline", "split"}
-    # the block-sparse space (no bn) keeps the same pairs
-    sparse = space_for("simt", DType.fp32, block=64)
-    assert "bn" not in sparse.dims and structure(sparse)["linked"] == got["linked"]
-    tc = structure(space_for("tensorcore", DType.bf16))
-    assert tc["linked"] == [] and "split" in tc["unordered"] and tc["parts"]["split"][0] == (1, "none")
