@@ -33,7 +33,7 @@ from codegen.problem import DType, Problem
 from codegen.spec import KernelSpec
 from codegen.versions import versions
 from search import DEFAULT_SAMPLER, SAMPLERS
-from search.space import seeds, to_spec
+from search.space import point_of, seeds, space_for, to_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The family of a candidate that does not name one.
@@ -272,13 +272,10 @@ def with_sparse_seeds(problem: Problem, candidates: list[dict]) -> list[dict]:
     """The hand-picked candidates, then the sparse seeds of the dtype's families mapped onto the
     problem, each kernel once (by name); seeds a problem's rules refuse are tried and reported invalid."""
     pool = candidates + [c for family in SPARSE_FAMILIES[problem.dtype] for c in seed_candidates(family, problem)]
-    out, names = [], set()
+    unique: dict[str, dict] = {}
     for params in pool:
-        name = candidate_spec(problem, params).name
-        if name not in names:
-            names.add(name)
-            out.append(params)
-    return out
+        unique.setdefault(candidate_spec(problem, params).name, params)
+    return list(unique.values())
 
 
 SUITES["sparse"] = [
@@ -353,7 +350,6 @@ def search_suite(name: str, problems: list, out_dir: Path, timing: dict, budget:
     best found and cuBLAS. Every trial is stored in ``out_dir/<name>.db``, so a rerun resumes."""
     from search.measure import GpuMeasurer
     from search.runner import run_search
-    from search.space import point_of, space_for
     from store import Store
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -363,10 +359,10 @@ def search_suite(name: str, problems: list, out_dir: Path, timing: dict, budget:
         device = measurer.device
         specs = [candidate_spec(problem, c) for c in candidates]
         family = specs[0].family if specs else DEFAULT_FAMILY
-        seeds = [point_of(spec) for spec in specs if spec.family == family]
+        seed_points = [point_of(spec) for spec in specs if spec.family == family]
         try:
             s = run_search(problem, space_for(family, problem.dtype, block=problem.block), measurer, sampler=sampler, seed=0,
-                           budget=budget, store=store, seeds=seeds, progress=False, versions=versions(),
+                           budget=budget, store=store, seeds=seed_points, progress=False, versions=versions(),
                            command=f"python3 -m benchmarks.run --suite {name} --search {budget} --sampler {sampler}")
         finally:
             measurer.close()
