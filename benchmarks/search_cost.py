@@ -156,12 +156,12 @@ def one(measurer, sampler: str, budget: int, seed: int, store: bool, seeds) -> d
     warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
     clocked = _Clocked(measurer)
 
-    class Timer(runner._Timer):  # hands the runner's time buckets to the clock
+    class Timer(runner.Timer):  # hands the runner's time buckets to the clock
         def __init__(self, times) -> None:
             super().__init__(times)
             clocked.times = times
 
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(runner, "_Timer", Timer):
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(runner, "Timer", Timer):
         db = Store(f"sqlite:///{Path(tmp) / 'cost.db'}") if store else None
         started, cpu = time.perf_counter(), time.process_time()
         s = runner.run_search(measurer.problem, measurer.space, clocked, sampler=sampler, seed=seed, budget=budget,

@@ -21,7 +21,7 @@ For each recording it also says how hard it is: how many points are within 97% /
 best, and random sampling's exact distribution of trials-to-threshold (``random_trials_cdf``).
 
 TPE settings are varied without touching the runner: in each worker process,
-``search.runner.make_sampler`` is wrapped so that the runner's own TPE sampler is built with
+``search.samplers.make_sampler`` is wrapped so that the runner's own TPE sampler is built with
 some of its arguments overridden (checked on the object built), and samplers the runner does not
 offer (qmc) are built here and handed to it. The result is written to
 ``benchmarks/results/search-quality-<UTC date-time>.json``; ``--markdown FILE`` writes the tables
@@ -117,12 +117,12 @@ def missing_modules(config: Config) -> list[str]:
 
 @contextlib.contextmanager
 def sampler_setting(config: Config):
-    """While inside, the runner builds ``config``'s sampler (``search.runner.make_sampler`` wrapped)."""
+    """While inside, the runner builds ``config``'s sampler (``search.samplers.make_sampler`` wrapped)."""
     import optuna
 
-    import search.runner as runner
+    from search import samplers
 
-    real_make, real_tpe = runner.make_sampler, optuna.samplers.TPESampler
+    real_make, real_tpe = samplers.make_sampler, optuna.samplers.TPESampler
 
     def tpe_with_overrides(*args, **kwargs):
         return real_tpe(*args, **{**kwargs, **config.tpe})
@@ -140,14 +140,14 @@ def sampler_setting(config: Config):
         for key, value in config.tpe.items():  # the override must have reached the object built
             if getattr(sampler, f"_{key}", object()) != value:
                 raise RuntimeError(f"{config.name}: the runner's sampler was not built with {key}={value}; "
-                                   f"search.runner.make_sampler no longer builds TPESampler as this script expects")
+                                   f"search.samplers.make_sampler no longer builds TPESampler as this script expects")
         return sampler
 
-    runner.make_sampler = make
+    samplers.make_sampler = make
     try:
         yield
     finally:
-        runner.make_sampler = real_make
+        samplers.make_sampler = real_make
 
 
 def runner_default(name: str):
@@ -168,7 +168,7 @@ def unseeded_kwargs() -> dict:
 def same_as_runner_tpe(config: Config, recordings: list[Path]) -> bool:
     """Whether ``config``'s TPE overrides are what the runner's tpe uses already."""
     from search.measure import ReplayMeasurer
-    from search.runner import make_sampler
+    from search.samplers import make_sampler
 
     if not recordings:
         return False
@@ -441,7 +441,7 @@ def build_report(recordings: list[Path], configs: list[Config], skipped: dict, r
                                         "that were invalid or already measured (the runner's default is "
                                         f"{runner_default('max_idle')}); such searches count in ended_before_budget"),
                      "unseeded_means": unseeded_kwargs(), "seeded_means": "search.space.seeds(family) tried first",
-                     "sampler_settings": ("TPE variants: search.runner.make_sampler wrapped in the worker so the "
+                     "sampler_settings": ("TPE variants: search.samplers.make_sampler wrapped in the worker so the "
                                           "runner's TPESampler gets the listed overrides; qmc is built by this script "
                                           "and handed to the runner; the runner itself is unchanged")},
         "skipped": skipped,

@@ -132,17 +132,16 @@ def test_markdown_goes_between_the_markers(tmp_path):
 
 
 def test_unknown_settings_refused_and_tpe_override_reaches_the_sampler():
-    from search.runner import make_sampler
+    from search import samplers
+    from search.samplers import make_sampler
 
     with pytest.raises(SystemExit):
         sq.main(["--samplers", "no-such-sampler"])
     space = sq_space()
     with sq.sampler_setting(sq.CONFIG_BY_NAME["tpe-startup5"]):
-        import search.runner
-
-        sampler = search.runner.make_sampler("tpe", 0, space)
+        sampler = samplers.make_sampler("tpe", 0, space)
     assert sampler._n_startup_trials == 5
-    assert search.runner.make_sampler is make_sampler  # put back
+    assert samplers.make_sampler is make_sampler  # put back
 
 
 def sq_space():

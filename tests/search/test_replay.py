@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from codegen.problem import Problem
+from search import SAMPLERS
 from search.measure import ReplayMeasurer
-from search.runner import SAMPLERS, run_search
+from search.runner import run_search
 from search.space import space_for
 
 RECORDING = Path(__file__).resolve().parents[2] / "search" / "recordings" / "replay-simt-4096x4096x4096-fp32.json"
