@@ -29,6 +29,7 @@ compile wait, GPU) and what share of the sampler's proposals were valid.
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import re
 import time
@@ -56,6 +57,46 @@ MAX_SAME_FAILURES = 10
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM ended the search; the message is one line saying how to resume."""
+
+
+@contextlib.contextmanager
+def guarded(searches: list[_Search], bar):
+    """Runs ``searches`` (their loops inside the ``with``) as one: a heartbeat for each run, SIGTERM as
+    Ctrl-C, one progress ``bar``. However the loops end, every run is ended in the store with its
+    outcome: Ctrl-C or SIGTERM raises ``Interrupted`` (one line saying how to resume), an exception
+    in gemmscape's own code ``InternalError``."""
+    started = time.monotonic()
+    for search in searches:
+        search.bar = bar
+    outcome, note = "finished", ""
+    beats = [Heartbeat(search.store, search.run_id) for search in searches]
+    old_term = sigterm_as_interrupt()
+    try:
+        yield
+        outcome = "finished"
+    except KeyboardInterrupt:
+        outcome, note = "interrupted", "Ctrl-C or SIGTERM"
+        raise Interrupted(searches[0].resume_hint(searches)) from None
+    except InternalError as e:
+        outcome, note = "failed", str(e)[-500:]
+        raise
+    except Exception as e:
+        outcome, note = "failed", f"{type(e).__name__}: {e}"[-500:]
+        raise InternalError(f"gemmscape's own code failed ({type(e).__name__}: {e}); the search stopped. "
+                            f"This is a bug, not a kernel's failure: nothing was stored for it") from e
+    finally:
+        restore_sigterm(old_term)
+        for beat in beats:
+            beat.stop()
+        bar.close()
+        for search in searches:
+            s = search.summary
+            s.wall_s = time.monotonic() - min(started, search.started)
+            s.settle_times(getattr(search.measurer, "gpu_wait_seconds", 0.0))
+            if outcome == "finished":
+                search.close("finished" if s.stopped == "budget reached" else "stopped", s.stopped)
+            else:
+                search.close(outcome, note)
 
 
 def study_name(problem: Problem, family: str, space_name: str, sampler: str, seed: int | None, device: str) -> str:
@@ -206,32 +247,27 @@ class _Search:
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, progress: bool) -> Summary:
+        """The whole run: up to the budget, then ended (see ``guarded``)."""
+        with guarded([self], progress_bar(self.summary, self.problem.key, progress)):
+            self.advance(self.budget)
+        return self.summary
+
+    def advance(self, budget: int) -> None:
+        """Search on until the study has ``budget`` evaluated trials (or stops for another
+        reason); what is in flight is finished first. A run may be advanced again to a larger
+        budget (a portfolio hands out its budget so)."""
         s = self.summary
-        self.bar = progress_bar(s, self.problem.key, progress)
-        outcome, note = "finished", ""
-        beat = Heartbeat(self.store, self.run_id)
-        old_term = sigterm_as_interrupt()
-        try:
-            self._loop()
-            outcome, note = ("finished" if s.stopped == "budget reached" else "stopped"), s.stopped
-        except KeyboardInterrupt:
-            outcome, note = "interrupted", "Ctrl-C or SIGTERM"
-            raise Interrupted(self._resume_hint()) from None
-        except InternalError as e:
-            outcome, note = "failed", str(e)[-500:]
-            raise
-        except Exception as e:
-            outcome, note = "failed", f"{type(e).__name__}: {e}"[-500:]
-            raise InternalError(f"gemmscape's own code failed ({type(e).__name__}: {e}); the search stopped. "
-                                f"This is a bug, not a kernel's failure: nothing was stored for it") from e
-        finally:
-            restore_sigterm(old_term)
-            beat.stop()
-            self.bar.close()
-            s.wall_s = time.monotonic() - self.started
-            s.settle_times(getattr(self.measurer, "gpu_wait_seconds", 0.0))
-            self._close(outcome, note)
-        return s
+        self.budget = s.budget = budget
+        if self.claims is not None:
+            self.claims.budget = budget
+        if s.stopped == "budget reached":
+            s.stopped = ""
+        self._loop()
+
+    @property
+    def live(self) -> bool:
+        """Whether advancing the run may measure more (it did not stop for a reason of its own)."""
+        return self.summary.stopped in ("", "budget reached")
 
     def _loop(self) -> None:
         s = self.summary
@@ -470,20 +506,25 @@ class _Search:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # ---- ending ---------------------------------------------------------------------------------
-    def _resume_hint(self) -> str:
-        s = self.summary
+    def resume_hint(self, searches: list[_Search]) -> str:
+        """The line an interrupted run (of ``searches``, sharing one problem) ends with."""
         if self.store is None:
-            return (f"interrupted after {s.evaluated_now} evaluated trials; nothing was stored, "
-                    f"so a new run starts from the beginning")
-        evaluated = s.evaluated
-        try:
-            evaluated = self.store.count_trials(self.name, evaluated_only=True)
-        except Exception:  # the hint must not fail: the count in hand will do
-            pass
-        return (f"interrupted: {evaluated} of {self.budget} trials of study {self.name} are stored; "
+            return (f"interrupted after {sum(x.summary.evaluated_now for x in searches)} evaluated trials; nothing "
+                    f"was stored, so a new run starts from the beginning")
+        evaluated = {}
+        for x in searches:
+            evaluated[x.name] = x.summary.evaluated
+            try:
+                evaluated[x.name] = self.store.count_trials(x.name, evaluated_only=True)
+            except Exception:  # the hint must not fail: the count in hand will do
+                pass
+        if len(searches) == 1:
+            return (f"interrupted: {evaluated[self.name]} of {self.budget} trials of study {self.name} are stored; "
+                    f"run the same command again to resume")
+        return (f"interrupted: {sum(evaluated.values())} trials of studies {', '.join(evaluated)} are stored; "
                 f"run the same command again to resume")
 
-    def _close(self, outcome: str, note: str) -> None:
+    def close(self, outcome: str, note: str) -> None:
         """Drop our proposals still open, count the study, mark the run ended; never masks an error."""
         self.in_flight.clear()
         if self.claims is not None:
