@@ -60,7 +60,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def guarded(searches: list[_Search], bar):
+def guarded(searches: list[Search], bar):
     """Runs ``searches`` (their loops inside the ``with``) as one: a heartbeat for each run, SIGTERM as
     Ctrl-C, one progress ``bar``. However the loops end, every run is ended in the store with its
     outcome: Ctrl-C or SIGTERM raises ``Interrupted`` (one line saying how to resume), an exception
@@ -142,14 +142,14 @@ def run_search(
     if budget < 1:
         raise ValueError("budget must be >= 1")
     strategy = samplers.strategy(sampler, seed, space)  # an unknown name is a ValueError
-    search = _Search(problem, space, measurer, sampler=sampler, strategy=strategy, seed=seed, budget=budget,
+    search = Search(problem, space, measurer, sampler=sampler, strategy=strategy, seed=seed, budget=budget,
                      space_name=space_name, store=store, lookahead=lookahead, max_idle=max_idle,
                      max_same_failures=max_same_failures, poll_s=poll_s, seeds=seeds, command=command,
                      versions=versions or {})
     return search.run(progress)
 
 
-class _Search:
+class Search:
     """One run of a study: the proposal loop and its bookkeeping (see run_search)."""
 
     def __init__(self, problem: Problem, space: Space, measurer, *, sampler: str, strategy: samplers.Strategy,
@@ -506,7 +506,7 @@ class _Search:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     # ---- ending ---------------------------------------------------------------------------------
-    def resume_hint(self, searches: list[_Search]) -> str:
+    def resume_hint(self, searches: list[Search]) -> str:
         """The line an interrupted run (of ``searches``, sharing one problem) ends with."""
         if self.store is None:
             return (f"interrupted after {sum(x.summary.evaluated_now for x in searches)} evaluated trials; nothing "

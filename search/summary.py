@@ -36,6 +36,7 @@ class Summary:
     seeded: int = 0  # seeds tried first (0: an unseeded search)
     handover: str = ""  # a converged sampler that restarted or handed over to another, and when
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_BUCKETS, 0.0))
+    families: dict[str, Summary] = field(default_factory=dict)  # a search across families: each one's run
 
     @property
     def valid_fraction(self) -> float | None:
@@ -51,6 +52,14 @@ class Summary:
                          + (f"{self.seeded} seeds tried first" if self.seeded else "unseeded"))
         if self.handover:
             lines.append(self.handover)
+        if len(self.families) > 1:
+            won = self.best.get("family") if self.best else None
+            for family, member in self.families.items():
+                best = member.best
+                rate = "no ok kernel" if not best else f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" + (
+                    f" ({best['ratio']['cublas']:.3f}x cuBLAS)" if best.get("ratio", {}).get("cublas") else "")
+                lines.append(f"{family}: {member.evaluated} trials, {rate}" + (" (won)" if family == won else "")
+                             + ("" if member.stopped in ("", "budget reached") else f"; {member.stopped}"))
         total = sum(self.times.values())
         other = max(0.0, self.wall_s - total)
         lines.append("time: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in self.times.items())
