@@ -25,6 +25,8 @@ from codegen.spec import SPARSE_BLOCKS, DeviceLimits, SpecData
 
 NAME = "direct"
 DTYPES = (DType.bf16, DType.fp16)
+#: Place among the families that fit a problem, fastest first (search.fit).
+RANK = 2
 C_PAD = 4  # floats of padding per row of the shared fp32 tile
 MMA_PTX = {
     DType.bf16: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",

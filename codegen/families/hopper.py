@@ -107,6 +107,8 @@ from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData
 
 NAME = "hopper"
 DTYPES = (DType.bf16, DType.fp16)
+#: Place among the families that fit a problem, fastest first (search.fit).
+RANK = 0
 PREPASSES = ("none", "pack")
 SWIZZLE = 128  # bytes: a dense k-tile row is one 128-byte swizzle span
 #: The wgmma shared-memory descriptor's layout type (bits 62-63) of each swizzle span in bytes.

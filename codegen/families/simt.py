@@ -40,6 +40,10 @@ from codegen.spec import (
 NAME = "simt"
 #: Problem dtypes the family computes (tf32 is a tensor-core mode).
 DTYPES = (DType.fp32, DType.fp16, DType.bf16)
+#: Place among the families that fit a problem, fastest first (search.fit).
+RANK = 3
+#: Dtypes a search takes this family for unless asked (16-bit problems go to the tensor cores).
+DEFAULT_DTYPES = (DType.fp32,)
 REDUCES = ("none", "atomic", "two_pass", "cluster", "last")
 #: The mark of each reduction in a kernel name (after k<splits>).
 REDUCE_MARK = {"none": "", "atomic": "a", "two_pass": "r", "cluster": "d", "last": "l"}

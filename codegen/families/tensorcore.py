@@ -56,6 +56,8 @@ from codegen.spec import (
 
 NAME = "tensorcore"
 DTYPES = (DType.bf16, DType.fp16, DType.tf32)
+#: Place among the families that fit a problem, fastest first (search.fit).
+RANK = 1
 MMAS = ("mma", "wmma")
 LAYOUTS = ("swizzle", "pad")
 EPILOGUES = ("direct", "smem")
