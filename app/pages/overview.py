@@ -17,8 +17,8 @@ BEST_COLUMNS = {
     "median ms": st.column_config.NumberColumn(format="%.4f"),
     "kernel": st.column_config.TextColumn(width="large"),
     "family": st.column_config.TextColumn(help="The family of the fastest ok kernel for this problem and device"),
-    "device": st.column_config.TextColumn(help="Short name; the full one (with the recording replayed) is under "
-                                               "'device (full name)'"),
+    "gpu": st.column_config.TextColumn(help="The device, short: the full name (with the recording replayed) is "
+                                            "under 'device'"),
 }
 
 
@@ -27,12 +27,12 @@ def best_table(best: list[dict]) -> pd.DataFrame:
     for b in best:
         where = place(b)
         rows.append({
-            "problem": b["problem"], "kernel": b["kernel"], "family": b["family"], "device": device_label(b["device"]),
+            "problem": b["problem"], "kernel": b["kernel"], "family": b["family"], "gpu": device_label(b["device"]),
             "measured": "recording (replayed)" if b.get("recorded") else "live", "block": b.get("block"),
             "density": b.get("density"), "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
             "of roofline": ui.pct(where["of_roofline"]), "bound": where["bound"] or "–",
             "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
-            "median ms": b["median_ms"], "device (full name)": b["device"], "ceilings": where["ceilings"],
+            "median ms": b["median_ms"], "device": b["device"], "ceilings": where["ceilings"],
         })  # fmt: skip
     table = pd.DataFrame(rows)
     split = list(table.columns).index("of roofline") + 1  # the ratios to baselines follow the roofline place

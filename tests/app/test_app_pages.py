@@ -287,13 +287,14 @@ class TestPagesOnReplayedSearch:
     def test_overview_shows_kernel_and_winning_family_before_the_device(self) -> None:
         at = open_page("Overview")
         best = at.dataframe[0].value
-        assert list(best.columns[:4]) == ["problem", "kernel", "family", "device"]
+        assert list(best.columns[:4]) == ["problem", "kernel", "family", "gpu"]
         by = best.set_index("problem")
         assert by.loc[BIG.key, "kernel"] == STALE.name and by.loc[BIG.key, "family"] == "simt"
         assert by.loc[BIG_BF16.key, "family"] == "tensorcore"
-        assert by.loc[BIG.key, "device"] == "NVIDIA H200 · recorded 2026-11-30"
-        assert by.loc[BIG.key, "device (full name)"] == REPLAYED["name"]
-        assert by.loc[BIG_BF16.key, "device"] == "NVIDIA H200"
+        assert by.loc[BIG.key, "gpu"] == "NVIDIA H200 · recorded 2026-11-30"
+        assert by.loc[BIG.key, "device"] == REPLAYED["name"]  # the full name, further right
+        assert list(best.columns).index("device") > list(best.columns).index("median ms")
+        assert by.loc[BIG_BF16.key, "gpu"] == "NVIDIA H200"
         assert "Winning family (of the fastest ok kernel per problem and device): simt 1 · tensorcore 1" in texts(at)
 
     def test_trials_chart_orders_tile_sizes_as_numbers(self) -> None:
