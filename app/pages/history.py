@@ -7,10 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from app import ui
-from app.frames import best_so_far
+from app.frames import best_so_far, run_counts
 from store import Store
 
-RUN_COLUMNS = ["id", "problem", "device", "family", "sampler", "seed", "budget", "trials", "ok", "best_ms",
+RUN_COLUMNS = ["id", "problem", "device", "family", "sampler", "seed", "budget", "trials", "invalid", "ok", "best_ms",
                "study_name", "started", "ended", "command"]  # fmt: skip
 
 
@@ -44,7 +44,10 @@ def page(store: Store) -> None:
         )  # fmt: skip
         st.altair_chart(chart, width="stretch")
     st.subheader("Runs")
-    st.dataframe(pd.DataFrame(chosen, columns=RUN_COLUMNS), hide_index=True, width="stretch")
+    counted = run_counts(chosen, store.trials(status="invalid"))
+    st.dataframe(pd.DataFrame(counted, columns=RUN_COLUMNS), hide_index=True, width="stretch")
+    st.caption("trials: the evaluated trials, as the CLI counts them; invalid: points the rules refused before "
+               "compiling, apart (no cost to the budget).")
 
 
 ui.guarded(page)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from app import ui
+from app.frames import kernel_source
+from codegen.export import export_kernel
 from store import Store
 
 
@@ -22,12 +26,18 @@ def choose_kernel(store: Store) -> str | None:
 
 
 def export_downloads(store: Store, name: str, arch: str, source_hash: str | None) -> None:
-    """The measured source as stored (the store never re-renders it), with its manifest."""
+    """What ``codegen export --kernel NAME`` writes: the measured source as stored, else today's render
+    of the spec (its manifest says whether that render is what was measured), with the manifest."""
     try:
-        cu, manifest = store.export(name, arch=arch, source_hash=source_hash)
+        cu, manifest = export_kernel(store, name, arch=arch, source_hash=source_hash, unmeasured_render=True)
     except Exception as err:  # noqa: BLE001 - export says why it refuses; show it, never a traceback
         st.warning(f"Could not export {name}: {err}")
         return
+    doc = json.loads(manifest)
+    if doc.get("measured_other_source"):
+        st.caption(f"The export is today's render, not measured: {doc['measured_other_source']['note']}.")
+    elif doc.get("source_rerendered"):
+        st.caption("The export is today's render of the spec (no source is stored); its hash is the measured source's.")
     left, right = st.columns(2)
     left.download_button(f"Download {name}.cu", cu, file_name=f"{name}.cu", mime="text/plain", key="kernel_cu")
     right.download_button(f"Download {name}.json", manifest, file_name=f"{name}.json", mime="application/json",
@@ -79,6 +89,8 @@ def page(store: Store) -> None:
     source_hash = (st.sidebar.selectbox("Source", sources, key="kernel_source", format_func=lambda h: (h or "none")[:12])
                    if len(sources) > 1 else sources[0])
     record = store.kernel_record(name, arch, source_hash)
+    trials = [t for t in store.trials(kernel_name=name, source_hash=source_hash) if t["kernel_id"] == record["id"]]
+    shown = kernel_source(record, trials)
     st.code(name, language=None)
     st.caption(f"family {record['family']} · {record['arch']} · source hash {record['source_hash'] or '–'}"
                + (f" · {len(sources)} sources recorded for this name" if len(sources) > 1 else ""))
@@ -91,8 +103,12 @@ def page(store: Store) -> None:
         st.subheader("ptxas report")
         if record["report"]:
             st.dataframe(pd.DataFrame.from_dict(record["report"], orient="columns"), width="stretch")
-        else:
+        elif shown.kind == "never_compiled":
             st.info("No ptxas report: this kernel was never compiled.")
+        elif any(t["recorded"] for t in trials):
+            st.info("No ptxas report stored: this kernel's trials were replayed from a recording, which keeps none.")
+        else:
+            st.info("No ptxas report stored for this kernel.")
         st.markdown("**Compile options**")
         st.code(" ".join(record["options"]) or "–", language=None)
 
@@ -100,10 +116,12 @@ def page(store: Store) -> None:
     timing_spread(store, name, source_hash)
 
     st.subheader("Source")
-    if record["source"]:
-        st.code(record["source"], language="cpp", line_numbers=True)
-    else:
-        st.info("No source stored: the point was rejected before it was rendered and compiled.")
+    if shown.kind in ("render_differs", "render_unhashed"):
+        st.warning(shown.note)
+    elif shown.kind != "stored":
+        st.info(shown.note)
+    if shown.text is not None:
+        st.code(shown.text, language="cpp", line_numbers=True)
     with st.expander("Compile log", expanded=False):
         st.code(record["log"] or "(empty)", language="text")
 

@@ -7,14 +7,18 @@ import pandas as pd
 import streamlit as st
 
 from app import ui
-from app.frames import ratio_columns
+from app.frames import device_label, family_wins, ratio_columns, trial_counts
 from app.roofline import ceilings_for, place
 from store import Store
 
-NUMBER_FORMATS = {
+BEST_COLUMNS = {
     "TFLOP/s": st.column_config.NumberColumn(format="%.2f"),
     "GB/s": st.column_config.NumberColumn(format="%.1f"),
     "median ms": st.column_config.NumberColumn(format="%.4f"),
+    "kernel": st.column_config.TextColumn(width="large"),
+    "family": st.column_config.TextColumn(help="The family of the fastest ok kernel for this problem and device"),
+    "gpu": st.column_config.TextColumn(help="The device, short: the full name (with the recording replayed) is "
+                                            "under 'device'"),
 }
 
 
@@ -23,11 +27,12 @@ def best_table(best: list[dict]) -> pd.DataFrame:
     for b in best:
         where = place(b)
         rows.append({
-            "problem": b["problem"], "block": b.get("block"), "density": b.get("density"), "device": b["device"],
-            "measured": "recording (replayed)" if b.get("recorded") else "live", "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
+            "problem": b["problem"], "kernel": b["kernel"], "family": b["family"], "gpu": device_label(b["device"]),
+            "measured": "recording (replayed)" if b.get("recorded") else "live", "block": b.get("block"),
+            "density": b.get("density"), "TFLOP/s": b["tflops"], "GB/s": b["gbps"],
             "of roofline": ui.pct(where["of_roofline"]), "bound": where["bound"] or "–",
             "of compute peak": ui.pct(where["of_compute"]), "of bandwidth": ui.pct(where["of_bandwidth"]),
-            "median ms": b["median_ms"], "kernel": b["kernel"], "ceilings": where["ceilings"],
+            "median ms": b["median_ms"], "device": b["device"], "ceilings": where["ceilings"],
         })  # fmt: skip
     table = pd.DataFrame(rows)
     split = list(table.columns).index("of roofline") + 1  # the ratios to baselines follow the roofline place
@@ -72,19 +77,30 @@ def roofline_chart(best: list[dict], device: str) -> alt.LayerChart | None:
 def page(store: Store) -> None:
     st.title("Overview")
     problems, devices, runs, kernels = store.problems(), store.devices(), store.runs(), store.kernels()
-    cols = st.columns(5)
-    for col, (label, value) in zip(
-        cols, [("problems", len(problems)), ("devices", len(devices)), ("kernels", len(kernels)),
-               ("runs", len(runs)), ("trials", sum(k["trials"] for k in kernels))], strict=True,
+    counts = trial_counts(kernels, store.trials(status="invalid"))
+    cols = st.columns(6)
+    for col, (label, value, why) in zip(
+        cols, [("problems", len(problems), None), ("devices", len(devices), None),
+               ("kernels", counts["kernels"], "Kernels with an evaluated trial (invalid points not counted)"),
+               ("runs", len(runs), None),
+               ("trials", counts["trials"], "Evaluated trials, as the CLI counts them: invalid points not counted"),
+               ("invalid points", counts["invalid"], "Points the rules refused before compiling: never rendered, "
+                                                     "compiled or measured, and no cost to a search's budget")],
+        strict=True,
     ):  # fmt: skip
-        col.metric(label, value)
+        col.metric(label, value, help=why)
+    if counts["invalid"]:
+        st.caption(f"{counts['trials']} trials (+{counts['invalid']} invalid points, refused before compiling)")
 
     st.subheader("Best kernel per problem")
     best = store.best()
     if not best:
         st.info("No trial has finished ok yet: see the Failures page for what went wrong.")
     else:
-        st.dataframe(best_table(best), hide_index=True, width="stretch", column_config=NUMBER_FORMATS)
+        st.dataframe(best_table(best), hide_index=True, width="stretch", column_config=BEST_COLUMNS)
+        wins = family_wins(best)
+        st.caption("Winning family (of the fastest ok kernel per problem and device): "
+                   + " · ".join(f"{f} {n}" for f, n in zip(wins["family"], wins["wins"], strict=True)))
         st.caption("Roofline place: measured TFLOP/s against min(compute peak, FLOP/byte × bandwidth); a block-sparse "
                    "problem (block, density of kept blocks) counts the work and bytes of its kept blocks only. "
                    "`vs cublas` = cuBLAS median / ours, above 1 means we are faster (for a block-sparse problem: "

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import ui
-from app.frames import SPEC_PREFIX, filter_param, spec_columns, trials_frame
+from app.frames import SPEC_PREFIX, choice_order, filter_param, spec_columns, trials_frame
 from app.importance import param_importances
 from store import Store
 
@@ -40,7 +40,7 @@ def param_filter(frame: pd.DataFrame) -> pd.DataFrame:
     if param == "(none)":
         return frame
     column = SPEC_PREFIX + param
-    values = sorted(frame[column].dropna().astype(str).unique(), key=lambda v: (len(v), v))
+    values = choice_order(frame[column].dropna())
     chosen = st.sidebar.multiselect(f"{param} is one of", values, key="trials_param_values", placeholder="any")
     return filter_param(frame, column, chosen)
 
@@ -73,7 +73,7 @@ def page(store: Store) -> None:
         chart = (
             alt.Chart(data)
             .mark_circle(size=70, opacity=0.7)
-            .encode(x=alt.X("value:O", title=x.removeprefix(SPEC_PREFIX), sort=alt.SortField("value")),
+            .encode(x=alt.X("value:O", title=x.removeprefix(SPEC_PREFIX), sort=choice_order(data["value"])),
                     y=alt.Y("tflops:Q", title="TFLOP/s"), color="problem:N", tooltip=["kernel", "tflops", "problem"])
         )  # fmt: skip
         st.altair_chart(chart, width="stretch")

@@ -11,10 +11,12 @@ import hashlib
 from pathlib import Path
 
 from codegen.families.simt import Spec as SimtSpec
+from codegen.families.tensorcore import Spec as TensorCoreSpec
 from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.sparse import Pattern, problem_for
 from store import Store
+from store.records import recorded_device_name
 
 H200 = {"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"}
 OTHER = {"name": "Test GPU 9000", "sm": "sm_80", "driver": "1.0", "nvrtc": "13.0"}
@@ -122,6 +124,55 @@ def build(url: str, sparse: bool = True) -> None:
             result = ok(dense / speedup, problem, dense, torch_bsr=dense / torch_speedup, **semi)
             store.add_trial(None, spec.name, "sm_90", problem, h200, None, result, spec.to_dict(),
                             source_hash=hash_of(spec))  # fmt: skip
+    store.close()
+
+
+#: A replayed search as a user met it: the device of a recording, kernels stored as a replay stores them
+#: (the hash of the source measured, no source: today's templates render other source), invalid points.
+REPLAY_FILE = "replay-simt-4096x4096x4096-fp32.json"
+REPLAYED = dict(H200, name=recorded_device_name(H200["name"], "2026-11-30T08:00:00+00:00", REPLAY_FILE))
+BIG = Problem(4096, 4096, 4096)
+BIG_BF16 = Problem(4096, 4096, 4096, dtype=DType.bf16)
+STALE = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)  # the fastest; its measured source is not stored
+UNHASHED = dataclasses.replace(STALE, group_m=2)  # from a recording older than source hashes
+MATCHING = dataclasses.replace(STALE, group_m=4)  # measured with the source today's templates render
+#: The tile sizes the replayed search tried: as text they sort 128, 256, 64.
+TILES = (256, 64, 128)
+REPLAY_EVALUATED, REPLAY_INVALID = 12, 3
+
+
+def build_replayed(url: str) -> None:
+    """A store like the one ``codegen search --replay`` leaves: 10 evaluated trials and 3 invalid points
+    of a simt search on the recording's device, and a bf16 problem that a tensor-core kernel wins on a
+    live H200 (2 trials)."""
+    store = Store(url)
+    dev = store.device(REPLAYED)
+    run = store.start_run(BIG, dev, "simt", "tpe", 0, 10, "replay-big", {"gemmscape": "0.1.0"},
+                          f"codegen search --replay {REPLAY_FILE}")  # fmt: skip
+    tiled = [dataclasses.replace(SimtSpec(), bm=bm, group_m=g) for bm in TILES for g in (1, 2, 4)]
+    points = [(STALE, 0.6), (UNHASHED, 0.9), (MATCHING, 0.95)]
+    points += [(spec, 1.0 + 0.1 * i) for i, spec in enumerate(tiled[:7])]
+    number = 0
+    for spec, ms in points:
+        measured = None if spec is UNHASHED else hashlib.sha256(
+            (render(spec) if spec is MATCHING else f"// measured {spec.name}\n").encode()).hexdigest()
+        store.kernel({"name": spec.name, "family": "simt", "spec": spec.to_dict(), "arch": "sm_90",
+                      "source_hash": measured})  # fmt: skip
+        store.add_trial(run, spec.name, "sm_90", BIG, dev, number, ok(ms, BIG, 0.5), spec.to_dict(),
+                        source_hash=measured)
+        number += 1
+    for bk in (3, 5, 7):  # refused by the rules: never rendered
+        spec = dataclasses.replace(SimtSpec(), bk=bk)
+        store.kernel({"name": spec.name, "family": "simt", "spec": spec.to_dict(), "arch": "sm_90"})
+        store.add_trial(run, spec.name, "sm_90", BIG, dev, number, failed("invalid", "bk breaks the rules"),
+                        spec.to_dict(), source_hash=None)  # fmt: skip
+        number += 1
+    store.end_run(run)
+    live = store.device(H200)
+    for spec, ms in ((TensorCoreSpec(), 0.2), (SimtSpec(dtype=DType.bf16), 0.9)):
+        store.kernel(record(spec) | {"family": spec.family})
+        store.add_trial(None, spec.name, "sm_90", BIG_BF16, live, None, ok(ms, BIG_BF16, 0.3), spec.to_dict(),
+                        source_hash=hash_of(spec))  # fmt: skip
     store.close()
 
 

@@ -1,16 +1,30 @@
-"""The dashboard's pure pieces: launcher command, roofline place, break-even, importances."""
+"""The dashboard's pure pieces: launcher command, roofline place, break-even, importances, counts,
+orders, labels, and which source the Kernel page shows."""
 
 from __future__ import annotations
 
 import pytest
 
 from app import launch
-from app.frames import best_so_far, filter_param, trials_frame
+from app.frames import (
+    best_so_far,
+    choice_order,
+    device_label,
+    family_wins,
+    filter_param,
+    kernel_source,
+    run_counts,
+    trial_counts,
+    trials_frame,
+)
 from app.importance import param_importances
 from app.roofline import place
 from app.sparsity import break_even, break_even_table, references, sparse_points, speedup_series, time_series
+from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import Problem
+from codegen.render import render, source_hash
 from codegen.sparse import Pattern, problem_for
+from store.records import recorded_device_name
 
 
 def test_launch_binds_loopback_headless_and_passes_the_database() -> None:
@@ -169,3 +183,78 @@ def test_break_even_table_per_dtype_and_block() -> None:
     assert fp16["torch_bsr_break_even"] == pytest.approx(0.25 + 0.1 / 0.6 * 0.25)
     assert fp32["break_even_density"] == 0.5 and fp32["torch_bsr_note"] == "not measured"
     assert fp32_64["break_even_density"] is None and other["break_even_density"] == 0.5
+
+
+def test_choice_order_sorts_numbers_as_numbers() -> None:
+    assert choice_order([128, 256, 64, 128]) == ["64", "128", "256"]
+    assert choice_order(["128", "256", "64"]) == ["64", "128", "256"]  # as widgets hand them back
+    assert choice_order([0.5, 0.25, 1, -2]) == ["-2", "0.25", "0.5", "1"]
+    assert choice_order(["b", 16, "a", 8, None, float("nan")]) == ["8", "16", "a", "b"]  # text after the numbers
+
+
+def test_device_label_shortens_a_recorded_name() -> None:
+    name = recorded_device_name("NVIDIA H200", "2026-11-30T08:00:00", "replay-simt-4096x4096x4096-fp32.json")
+    assert name == "NVIDIA H200 (recorded 2026-11-30, replay-simt-4096x4096x4096-fp32.json)"
+    assert device_label(name) == "NVIDIA H200 · recorded 2026-11-30"
+    assert device_label("NVIDIA H200") == "NVIDIA H200" and device_label("Odd (GPU)") == "Odd (GPU)"
+
+
+def test_trial_counts_leave_out_invalid_points_as_the_cli_does() -> None:
+    """56 kernels of one trial each, 6 of them points refused before compiling: 50 trials, 50 kernels."""
+    kernels = [{"id": i, "trials": 1} for i in range(56)]
+    invalid = [{"kernel_id": i, "run_id": 1, "status": "invalid"} for i in range(50, 56)]
+    assert trial_counts(kernels, invalid) == {"trials": 50, "kernels": 50, "invalid": 6}
+    kernels[0]["trials"] = 3  # measured twice more: still one kernel
+    assert trial_counts(kernels, invalid) == {"trials": 52, "kernels": 50, "invalid": 6}
+    assert trial_counts([], []) == {"trials": 0, "kernels": 0, "invalid": 0}
+
+
+def test_run_counts_take_invalid_points_apart() -> None:
+    runs = [{"id": 1, "trials": 56}, {"id": 2, "trials": 4}]
+    invalid = [{"kernel_id": i, "run_id": 1} for i in range(6)] + [{"kernel_id": 9, "run_id": None}]
+    assert [(r["trials"], r["invalid"]) for r in run_counts(runs, invalid)] == [(50, 6), (4, 0)]
+
+
+def test_family_wins_counts_the_fastest_kernel_of_each_problem_and_device() -> None:
+    rows = [{"family": "simt", "rank": 1}, {"family": "tensorcore", "rank": 1}, {"family": "tensorcore", "rank": 1},
+            {"family": "simt", "rank": 2}]  # a runner-up wins nothing
+    wins = family_wins(rows)
+    assert list(zip(wins["family"], wins["wins"], strict=True)) == [("tensorcore", 2), ("simt", 1)]
+    assert list(family_wins([]).columns) == ["family", "wins"]
+
+
+SHOWN = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+
+
+def kernel_row(source: str | None = None, digest: str | None = None, spec: SimtSpec = SHOWN) -> dict:
+    return {"name": spec.name, "family": "simt", "spec": spec.to_dict(), "source": source, "source_hash": digest}
+
+
+REPLAYED = [{"status": "ok", "recorded": True}]
+
+
+def test_kernel_source_stored_first() -> None:
+    shown = kernel_source(kernel_row("// stored\n", "ab" * 32), REPLAYED)
+    assert (shown.text, shown.kind) == ("// stored\n", "stored")
+
+
+def test_kernel_source_of_a_replayed_kernel_is_todays_render_said_so() -> None:
+    today = render(SHOWN)
+    differs = kernel_source(kernel_row(None, "0" * 64), REPLAYED)
+    assert differs.text == today and differs.kind == "render_differs"
+    assert "Not the measured source" in differs.note and "replayed from a recording" in differs.note
+    assert "000000000000" in differs.note and source_hash(today)[:12] in differs.note
+    matches = kernel_source(kernel_row(None, source_hash(today)), REPLAYED)
+    assert matches.text == today and matches.kind == "render_matches" and "matches the measured" in matches.note
+    unhashed = kernel_source(kernel_row(None, None), [{"status": "ok", "recorded": False}])
+    assert unhashed.text == today and unhashed.kind == "render_unhashed" and "not recorded" in unhashed.note
+    assert "replayed" not in unhashed.note and "never compiled" not in unhashed.note
+
+
+def test_kernel_source_of_a_point_refused_before_rendering() -> None:
+    for trials in ([{"status": "invalid", "recorded": True}], []):
+        refused = kernel_source(kernel_row(None, None), trials)
+        assert refused.text is None and refused.kind == "never_compiled" and "No source stored" in refused.note
+    bad = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4, pad=2)  # the rules refuse it
+    unrenderable = kernel_source(kernel_row(None, "0" * 64, bad), REPLAYED)
+    assert unrenderable.text is None and unrenderable.kind == "unrenderable" and "cannot render" in unrenderable.note

@@ -7,12 +7,29 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from app_fixture_db import DENSE, HOSTILE_EVIDENCE, MAIN, PAGES, build, source_of, sparse_problem
+from app_fixture_db import (
+    BIG,
+    BIG_BF16,
+    DENSE,
+    HOSTILE_EVIDENCE,
+    MAIN,
+    MATCHING,
+    PAGES,
+    REPLAY_EVALUATED,
+    REPLAY_INVALID,
+    REPLAYED,
+    STALE,
+    UNHASHED,
+    build,
+    source_of,
+    sparse_problem,
+)
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
 from codegen import families
 from codegen.problem import DType
+from codegen.render import render, source_hash
 from store import Store
 
 TIMEOUT = 60
@@ -230,3 +247,69 @@ def test_kernel_page_keeps_each_source_of_a_name_apart(tmp_path: Path, monkeypat
     rerun(at)
     assert [c.value for c in at.code if c.language == "cpp"] == [source_of(spec).rstrip()]
     assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]
+
+
+@pytest.mark.usefixtures("use_replay_db")
+class TestPagesOnReplayedSearch:
+    """What a new user met on a store that ``codegen search --replay`` filled."""
+
+    def kernel_page(self, name: str) -> AppTest:
+        at = open_page("Kernel")
+        at.sidebar.selectbox(key="kernel_name").set_value(name)
+        return rerun(at)
+
+    def test_kernel_page_shows_todays_render_of_a_replayed_kernel(self) -> None:
+        at = self.kernel_page(STALE.name)
+        assert "never compiled" not in texts(at) and "rejected before it was rendered" not in texts(at)
+        assert [c.value for c in at.code if c.language == "cpp"] == [render(STALE).rstrip()]
+        warning = "\n".join(w.value for w in at.warning)
+        assert "Not the measured source" in warning and source_hash(render(STALE))[:12] in warning
+        assert "replayed from a recording" in texts(at)
+        assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]  # as the CLI exports it
+        assert "today's render, not measured" in texts(at)
+
+    def test_kernel_page_says_when_todays_render_is_what_was_measured(self) -> None:
+        at = self.kernel_page(MATCHING.name)
+        assert [c.value for c in at.code if c.language == "cpp"] == [render(MATCHING).rstrip()]
+        assert "matches the measured source" in texts(at)
+        assert [w.value for w in at.warning if "Recorded results" not in w.value] == []  # the sidebar's note alone
+        at = self.kernel_page(UNHASHED.name)
+        assert [c.value for c in at.code if c.language == "cpp"] == [render(UNHASHED).rstrip()]
+        assert "was not recorded" in "\n".join(w.value for w in at.warning)
+
+    def test_overview_counts_evaluated_trials_and_invalid_points_apart(self) -> None:
+        at = open_page("Overview")
+        metrics = {m.label: m.value for m in at.metric}
+        assert (metrics["trials"], metrics["kernels"]) == (str(REPLAY_EVALUATED), str(REPLAY_EVALUATED))
+        assert metrics["invalid points"] == str(REPLAY_INVALID)
+        assert f"{REPLAY_EVALUATED} trials (+{REPLAY_INVALID} invalid points" in texts(at)
+
+    def test_overview_shows_kernel_and_winning_family_before_the_device(self) -> None:
+        at = open_page("Overview")
+        best = at.dataframe[0].value
+        assert list(best.columns[:4]) == ["problem", "kernel", "family", "gpu"]
+        by = best.set_index("problem")
+        assert by.loc[BIG.key, "kernel"] == STALE.name and by.loc[BIG.key, "family"] == "simt"
+        assert by.loc[BIG_BF16.key, "family"] == "tensorcore"
+        assert by.loc[BIG.key, "gpu"] == "NVIDIA H200 · recorded 2026-11-30"
+        assert by.loc[BIG.key, "device"] == REPLAYED["name"]  # the full name, further right
+        assert list(best.columns).index("device") > list(best.columns).index("median ms")
+        assert by.loc[BIG_BF16.key, "gpu"] == "NVIDIA H200"
+        assert "Winning family (of the fastest ok kernel per problem and device): simt 1 · tensorcore 1" in texts(at)
+
+    def test_trials_chart_orders_tile_sizes_as_numbers(self) -> None:
+        at = open_page("Trials")
+        at.sidebar.multiselect(key="trials_problem").set_value([BIG.key])
+        at.selectbox(key="trials_x").set_value("spec.bm")
+        rerun(at)
+        (chart,) = at.get("vega_lite_chart")[:1]
+        spec = json.loads(chart.proto.spec)
+        assert spec["encoding"]["x"]["sort"] == ["64", "128", "256"]
+        at.sidebar.selectbox(key="trials_param").set_value("bm")
+        rerun(at)
+        assert at.sidebar.multiselect(key="trials_param_values").options == ["64", "128", "256"]
+
+    def test_history_counts_evaluated_trials_per_run(self) -> None:
+        at = open_page("Search history")
+        (run,) = at.dataframe[0].value.to_dict("records")
+        assert (run["trials"], run["invalid"], run["ok"]) == (REPLAY_EVALUATED - 2, REPLAY_INVALID, REPLAY_EVALUATED - 2)
