@@ -1,7 +1,7 @@
 """``codegen`` command line: compile, bench, search, sweep, export, results, app.
 
 ``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
-times and default to the dtype's families, codegen.tune.DEFAULT_FAMILIES); the variant options are that family's own,
+times and default to the dtype's families, codegen.nn.tune.DEFAULT_FAMILIES); the variant options are that family's own,
 built from its spec's fields (``codegen bench --family NAME --help`` lists them).
 
 Exit codes: 0 done; 1 it ran and the answer is a failure (a kernel failed, nothing was found, an
@@ -667,7 +667,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                               layout=problem.layout)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        from codegen.tune import generated
+        from codegen.nn.tune import generated
 
         why = generated(problem, space)
         if why is not None:
@@ -798,7 +798,7 @@ def _given_device(store, given: str | None) -> dict | None:
 
 def cmd_export_bundle(args: argparse.Namespace) -> int:
     """``codegen export --bundle DIR``: the best kernel of every tuned problem, with one index."""
-    from codegen.bundle import write_bundle
+    from codegen.nn.bundle import write_bundle
 
     given = [f for f, v in (("--best", args.best), ("--kernel", args.kernel), ("--out", args.out)) if v]
     given += [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None] + sparse_given(args)
@@ -871,7 +871,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_linear(args: argparse.Namespace) -> int:
-    from codegen.tune import LayerShape, layer_problems
+    from codegen.nn.tune import LayerShape, layer_problems
 
     shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
     print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
@@ -879,7 +879,7 @@ def cmd_tune_linear(args: argparse.Namespace) -> int:
 
 
 def cmd_pick_step(args: argparse.Namespace) -> int:
-    """``codegen pick-step``: a layer's three kernels picked by the train step's time (codegen.step),
+    """``codegen pick-step``: a layer's three kernels picked by the train step's time (codegen.nn.step),
     written as a bundle with the timings beside its index (step-pick.json)."""
     import datetime as dt
 
@@ -893,9 +893,9 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
                          "(pip install 'gemmscape[torch]')") from None
     if not torch.cuda.is_available():
         raise Failure("pick-step needs a CUDA GPU visible to torch")
-    from codegen import step as steps
-    from codegen.bundle import pick_stored, write_bundle
     from codegen.export import export_kernel
+    from codegen.nn import step as steps
+    from codegen.nn.bundle import pick_stored, write_bundle
     from codegen.versions import versions
 
     check_writable(args.bundle, "--bundle", folder=True)
@@ -942,7 +942,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
-    from codegen.tune import layer_problems, linear_layers, load_model
+    from codegen.nn.tune import layer_problems, linear_layers, load_model
 
     try:
         model = load_model(args.model)
@@ -962,11 +962,11 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
 
 def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
-    from codegen.tune import tune
+    from codegen.nn.tune import tune
     from codegen.versions import versions
     from search.measure import NoGpu, ReplayError, ReplayMeasurer
 
-    asked = args.family  # None: each dtype's default families (codegen.tune.DEFAULT_FAMILIES)
+    asked = args.family  # None: each dtype's default families (codegen.nn.tune.DEFAULT_FAMILIES)
     space_name = "restricted" if args.restricted else "full"
     seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
     results_skipped = []

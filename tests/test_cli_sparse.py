@@ -271,7 +271,7 @@ def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, m
     """A sparse problem is searched over its family's sparse space for its layout (bn is the block,
     or in the tensor-core family a divisor of it), by ``codegen search`` and by ``tune``; the GPU is
     replaced by a stop right after."""
-    from codegen import tune
+    from codegen.nn import tune
     from codegen.problem import DType, Layout
     from search import parallel
     from search import space as space_mod
