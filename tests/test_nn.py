@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from codegen import cli
+from codegen.cli import layer as cli_layer
 from codegen.nn.bundle import Bundle, BundleError, StoreKernels, layer_shape
 from codegen.nn.tune import LayerShape, generated, layer_problems
 from codegen.problem import DType, Layout, Problem, linear_problems
@@ -163,7 +164,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
     assert {f for _, f in ran} == searched and len(ran) == 3 * len(searched)
     skipped = [r for r in results if r.skipped]
     assert len(skipped) == 3 - 3 * (len(searched) - 1) and all("sm_90" in r.skipped for r in skipped)
-    table = cli.tuning_table(results).splitlines()
+    table = cli_layer.tuning_table(results).splitlines()
     marked = [line for line in table if line.endswith(" *")]
     assert len(marked) == (3 if sm == 90 else 0) and all("hopper-" in line for line in marked)
     assert tune_mod.tune(layer_problems({LayerShape(8, 64, 64, DType.fp32, False): ["x"]}), None,
@@ -178,7 +179,7 @@ def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(ca
         return []
 
     monkeypatch.setattr("codegen.nn.tune.tune", record)
-    monkeypatch.setattr(cli, "check_cache", lambda: None)
+    monkeypatch.setattr(cli_layer, "check_cache", lambda: None)
     code, out, err = run(["tune-linear", *LAYER, "--dtype", "bf16", "--family", "hopper", "--family", "tensorcore",
                           "--family", "hopper", "--no-store", "--quiet"], capsys)
     assert seen["families"] == ["hopper", "tensorcore"]
@@ -221,7 +222,7 @@ def captured(monkeypatch):
         seen["problems"], seen["args"] = problems, args
         return 0
 
-    monkeypatch.setattr(cli, "run_tuning", record)
+    monkeypatch.setattr(cli_layer, "run_tuning", record)
     return seen
 
 
