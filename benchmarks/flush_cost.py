@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty(FEATURES, FEATURES, device=dev, dtype=tdtype)
         calls = {"zero_output": out.zero_, "cublas_dw": lambda dy=dy, x=x: dy.t() @ x}
         if kernels is not None:
-            from codegen import nn
+            from codegen.nn import layer as nn
 
             def ours(dy=dy, x=x):
                 return nn.linear_grad_weight(kernels, dy, x, True)

@@ -33,8 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.step import capture, relative_error
-from codegen.step import reference as layer_reference
+from codegen.nn.step import capture, relative_error
+from codegen.nn.step import reference as layer_reference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from codegen.bundle import SeedKernels
     from codegen.nn import kernels_from
+    from codegen.nn.bundle import SeedKernels
     from codegen.versions import versions
 
     if not torch.cuda.is_available():

@@ -27,7 +27,8 @@ def _patch_driver() -> None:
     """The driver calls codegen.nn makes per call, and torch's zero_, become no-ops (for this process)."""
     import torch
 
-    from codegen import cuda, nn
+    from codegen import cuda
+    from codegen.nn import layer as nn
 
     cuda.launch = lambda *a: None
     cuda.launch_prepared = lambda *a: None
@@ -42,7 +43,8 @@ def _loaded(file, problem):
     """A codegen.nn kernel for ``file`` as __init__ leaves it after loading, with no module behind it."""
     import torch
 
-    from codegen import cuda, nn
+    from codegen import cuda
+    from codegen.nn import layer as nn
 
     k = nn._Compiled.__new__(nn._Compiled)
     k.cuda, k.manifest, k.problem, k.device, k.ctx, k.sms = cuda, file.manifest, problem, torch.device("cpu"), None, 132
@@ -57,8 +59,8 @@ def layer(batch: int, dtype: str):
     """A gemmscape Linear whose kernels are the built-in seeds, loaded as above; its input and dY."""
     import torch
 
-    from codegen import nn
-    from codegen.bundle import SeedKernels
+    from codegen.nn import layer as nn
+    from codegen.nn.bundle import SeedKernels
     from codegen.problem import DType, linear_problems
 
     seeds = SeedKernels()
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from codegen import nn
+    from codegen.nn import layer as nn
 
     _patch_driver()
     print("CPU path, driver replaced (no-op launches; torch's CPU allocator for outputs and workspace)")

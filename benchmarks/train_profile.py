@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks.linear_train import FLUSH_BYTES
-    from codegen.bundle import SeedKernels
     from codegen.nn import Linear, kernels_from
-    from codegen.step import capture
+    from codegen.nn.bundle import SeedKernels
+    from codegen.nn.step import capture
 
     if not torch.cuda.is_available():
         print("train_profile: no CUDA device", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codegen import cli
+from codegen.cli import options
 from codegen.families.simt import Spec as SimtSpec
 
 PROBLEM = ["--m", "64", "--n", "64", "--k", "64"]
@@ -18,7 +19,7 @@ def test_variant_options_are_typed_from_the_spec_fields():
     args = parse(["bench", *PROBLEM, "--copy", "async", "--stages", "3", "--bk", "16", "--split-k", "2",
                   "--reduce", "two_pass"])
     assert (args.copy, args.stages, args.bk, args.split_k, args.reduce) == ("async", 3, 16, 2, "two_pass")
-    spec = cli.spec_from_args(args, cli.problem_from_args(args))
+    spec = options.spec_from_args(args, options.problem_from_args(args))
     assert spec == SimtSpec(copy="async", stages=3, bk=16, split_k=2, reduce="two_pass")
     assert parse(["compile", "--wm", "16"]).tm is None  # unset options take the spec's defaults
 
@@ -56,7 +57,7 @@ def test_a_family_s_own_options_come_with_it(toy_family, capsys):
     assert "kernel variant (toy family" in out and "--mode {plain,fancy}" in out and "--swizzle" in out
     assert "--bm" not in out
     args = parse(["compile", "--family", "toy", "--tile", "32", "--mode", "fancy", "--swizzle"])
-    assert cli.spec_from_args(args) == toy_family.Spec(tile=32, mode="fancy", swizzle=True)
+    assert options.spec_from_args(args) == toy_family.Spec(tile=32, mode="fancy", swizzle=True)
     with pytest.raises(SystemExit) as stop:
         cli.main(["bench", *PROBLEM, "--family", "toy", "--bm", "64"])  # a simt option
     assert stop.value.code == 2
@@ -66,13 +67,13 @@ def test_a_kernel_of_another_family_is_refused(toy_family, capsys):
     simt_name = SimtSpec().name
     args = parse(["bench", *PROBLEM, "--kernel", simt_name, "--family", "toy"])
     with pytest.raises(ValueError, match="of the simt family, not toy"):
-        cli.spec_from_args(args)
+        options.spec_from_args(args)
     assert cli.main(["compile", simt_name, "--family", "toy"]) == 2
     assert "of the simt family, not toy" in capsys.readouterr().err
     toy = toy_family.Spec(tile=8)
-    assert cli.spec_from_args(parse(["bench", *PROBLEM, "--kernel", toy.name])) == toy  # dispatched by name
+    assert options.spec_from_args(parse(["bench", *PROBLEM, "--kernel", toy.name])) == toy  # dispatched by name
     with pytest.raises(ValueError, match="not a kernel name of any family"):
-        cli.spec_from_args(parse(["bench", *PROBLEM, "--kernel", "nothing_like_a_name"]))
+        options.spec_from_args(parse(["bench", *PROBLEM, "--kernel", "nothing_like_a_name"]))
 
 
 def test_searching_a_family_without_a_space_is_a_clear_error(toy_family, capsys):

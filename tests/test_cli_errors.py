@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from codegen import cli, families
+from codegen.cli import checks, errors, results
 
 RECORDING = Path(__file__).resolve().parents[1] / "search" / "recordings" / "replay-simt-4096x4096x4096-fp32.json"
 BIG = ["--m", "4096", "--n", "4096", "--k", "4096"]
@@ -109,7 +110,7 @@ def test_db_in_a_place_that_cannot_be_written(where, capsys, tmp_path, default_s
 def test_db_read_only_file_is_refused_for_writing(capsys, tmp_path, default_store, monkeypatch):
     path = tmp_path / "ro.db"
     path.write_bytes(b"")
-    monkeypatch.setattr(cli.os, "access", lambda p, mode: mode != cli.os.W_OK)  # root can write anything here
+    monkeypatch.setattr(checks.os, "access", lambda p, mode: mode != checks.os.W_OK)  # root can write anything here
     assert_usage(["search", *BIG, "--replay", str(RECORDING), "--db", f"sqlite:///{path}"], capsys, "is read-only",
                  db_path=path, default=default_store)
 
@@ -269,9 +270,9 @@ def test_gemmscape_cache_empty_or_unwritable(value, needle, capsys, tmp_path, mo
 
 # ---- --debug and bugs ------------------------------------------------------------------------------
 def test_debug_shows_the_traceback_of_a_user_mistake(tmp_path):
-    with pytest.raises(cli.Failure, match="no gemmscape database"):
+    with pytest.raises(errors.Failure, match="no gemmscape database"):
         cli.main(["--debug", "results", "--db", f"sqlite:///{tmp_path / 'nope.db'}"])
-    with pytest.raises(cli.UsageError, match="not both"):
+    with pytest.raises(errors.UsageError, match="not both"):
         cli.main(["export", "--best", "--kernel", "k", *BIG, "--out", str(tmp_path), "--debug"])
 
 
@@ -281,10 +282,10 @@ def test_a_bug_keeps_its_traceback(monkeypatch, db):
     def broken(args):
         raise KeyError("a bug in gemmscape")
 
-    monkeypatch.setattr(cli, "cmd_results", broken)
+    monkeypatch.setattr(results, "cmd_results", broken)
     with pytest.raises(KeyError, match="a bug in gemmscape"):
         cli.main(["results", "--db", url])
-    monkeypatch.setattr(cli, "cmd_results", lambda args: int("x"))  # a ValueError of a bug is not a usage error
+    monkeypatch.setattr(results, "cmd_results", lambda args: int("x"))  # a ValueError of a bug is not a usage error
     with pytest.raises(ValueError, match="invalid literal"):
         cli.main(["results", "--db", url])
 
@@ -297,7 +298,7 @@ def test_a_database_error_mid_command_is_one_line(monkeypatch, capsys, db):
     def locked(args):
         raise OperationalError("SELECT 1", {}, Exception("database is locked"))
 
-    monkeypatch.setattr(cli, "cmd_results", locked)
+    monkeypatch.setattr(results, "cmd_results", locked)
     code, _, err = run(["results", "--db", url], capsys)
     assert code == 1 and one_line(err) == "codegen results: database error: database is locked (--debug shows the traceback)"
 

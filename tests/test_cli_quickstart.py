@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen import cli
+from codegen.cli import errors
 from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import Problem
 from tests.test_cli_errors import DEVICE, add_ok, one_line, run
@@ -209,4 +209,4 @@ def test_main_module_runs_and_exit_code_passes_through(tmp_path):
     out = subprocess.run([sys.executable, "-m", "codegen", "results", "--top", "0"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
-    assert cli.EXIT_USAGE == 2
+    assert errors.EXIT_USAGE == 2

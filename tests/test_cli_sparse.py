@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from codegen import cli, sparse
+from codegen.cli import errors, options
 from codegen.families.simt import Spec as SimtSpec
 from codegen.problem import Problem
 from tests.test_cli_errors import DEVICE, RECORDING, add_ok, assert_usage, one_line, run
@@ -148,39 +149,39 @@ def test_a_problem_must_be_whole(capsys, weights, default_store):
 
 
 def test_debug_shows_the_traceback_of_a_sparse_mistake(tmp_path):
-    with pytest.raises(cli.UsageError, match="--density needs --block"):
+    with pytest.raises(errors.UsageError, match="--density needs --block"):
         cli.main(["--debug", "compile", *SMALL, "--density", "0.5"])
-    with pytest.raises(cli.UsageError, match="no weights file"):
+    with pytest.raises(errors.UsageError, match="no weights file"):
         cli.main(["compile", "--m", "8", "--block", "16", "--weights", str(tmp_path / "x.npy"), "--debug"])
 
 
 # ---- valid command lines build the sparse problem ----------------------------------------------------
 def test_the_problem_of_the_options():
-    dense = cli.problem_from_args(parse(["search", *SMALL, "--dtype", "bf16", "--bias"]))
+    dense = options.problem_from_args(parse(["search", *SMALL, "--dtype", "bf16", "--bias"]))
     assert dense == Problem(64, 100, 200, "bf16", bias=True) and "_bsr" not in dense.key  # as before
-    problem = cli.problem_from_args(parse(["search", *SMALL, "--block", "32", "--density", "0.25",
+    problem = options.problem_from_args(parse(["search", *SMALL, "--block", "32", "--density", "0.25",
                                            "--pattern-seed", "7", "--dtype", "bf16", "--bias"]))
     pattern = sparse.Pattern.random(100, 200, 32, 0.25, seed=7)
     assert problem == sparse.problem_for(64, pattern, "bf16", bias=True)
     assert (problem.block, problem.density, problem.pattern, pattern.nnzb) == (32, 0.25, pattern.hash, 7)
     assert problem.key == f"64x100x200_bf16_forward_bias_bsr32_d0.25_{pattern.hash[:8]}"
     assert sparse.lookup(problem).hash == pattern.hash  # registered in this process
-    seed0 = cli.problem_from_args(parse(["search", *SMALL, "--block", "32", "--density", "0.25"]))
+    seed0 = options.problem_from_args(parse(["search", *SMALL, "--block", "32", "--density", "0.25"]))
     assert seed0.pattern == sparse.Pattern.random(100, 200, 32, 0.25, seed=0).hash != problem.pattern
-    empty = cli.problem_from_args(parse(["search", *SMALL, "--block", "16", "--density", "0"]))
+    empty = options.problem_from_args(parse(["search", *SMALL, "--block", "16", "--density", "0"]))
     assert empty.density == 0.0 and sparse.lookup(empty).nnzb == 0  # an all-zero W is a problem too
 
 
 def test_the_problem_of_a_weights_file(tmp_path, weights):
     w = np.load(weights)
-    problem = cli.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--weights", str(weights)]))
+    problem = options.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--weights", str(weights)]))
     assert (problem.m, problem.n, problem.k, problem.block, problem.density) == (8, 96, 64, 32, 0.5)
     assert sparse.lookup(problem).mask().tolist() == [[True, False], [False, True], [False, True]]
     assert problem.pattern == sparse.from_dense(w, 32)[0].hash
-    same = cli.problem_from_args(parse(["search", "--m", "8", "--n", "96", "--k", "64", "--block", "32",
+    same = options.problem_from_args(parse(["search", "--m", "8", "--n", "96", "--k", "64", "--block", "32",
                                         "--weights", str(weights)]))
     assert same == problem  # matching --n, --k are fine
-    pruned = cli.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--density", "0.2",
+    pruned = options.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--density", "0.2",
                                           "--weights", str(weights)]))
     assert pruned.density == pytest.approx(1 / 6)  # round(0.2 * 6) = 1 block: the largest, (2, 1)
     assert sparse.lookup(pruned).mask().tolist() == [[False, False], [False, False], [False, True]]
@@ -189,7 +190,7 @@ def test_the_problem_of_a_weights_file(tmp_path, weights):
     from tests.test_sparse import bf16_bits, write_safetensors
 
     write_safetensors(st, {"layer.weight": ("BF16", bf16_bits(w)), "other.weight": ("F32", np.ones((4, 4)))})
-    named = cli.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--weights",
+    named = options.problem_from_args(parse(["search", "--m", "8", "--block", "32", "--weights",
                                          f"{st}:layer.weight"]))
     assert named.pattern == problem.pattern
 
@@ -271,7 +272,7 @@ def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, m
     """A sparse problem is searched over its family's sparse space for its layout (bn is the block,
     or in the tensor-core family a divisor of it), by ``codegen search`` and by ``tune``; the GPU is
     replaced by a stop right after."""
-    from codegen import tune
+    from codegen.nn import tune
     from codegen.problem import DType, Layout
     from search import parallel
     from search import space as space_mod
@@ -296,7 +297,7 @@ def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, m
     sparse_space = real(family, DType(dtype), block=32, layout=Layout(layout))
     assert sparse_space.dims.get("bn") == ((16, 32) if family == "tensorcore" else None)
     assert [s.dims for s in asked] == [sparse_space.dims]
-    problem = cli.problem_from_args(parse(["search", *SMALL, "--dtype", dtype, "--layout", layout, "--block", "32",
+    problem = options.problem_from_args(parse(["search", *SMALL, "--dtype", dtype, "--layout", layout, "--block", "32",
                                            "--density", "0.5"]))
     asked.clear()
     said = []

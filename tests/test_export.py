@@ -292,7 +292,7 @@ def test_export_refuses_a_stored_source_the_launch_plan_no_longer_fits(tmp_path)
 def test_the_store_lookup_passes_over_a_stored_source_that_no_longer_fits(tmp_path):
     """codegen.nn asks the store for a problem's fastest kernel: one whose stored source today's plan
     cannot run (an older reduce symbol) is passed over for the next fastest, never run."""
-    from codegen.bundle import StoreKernels
+    from codegen.nn.bundle import StoreKernels
     from codegen.render import render, source_hash
     from store import Store
 
@@ -316,7 +316,7 @@ def test_a_tie_within_the_fastest_spread_goes_to_the_plan_that_does_not_zero_its
     """Atomic split-K zeroes its output first; alone it may time as fast as the two-pass reduce of the
     same tile and still run slower inside a train step. Within the fastest's 80th percentile the
     lookup takes the plan without the zeroing; beyond it, the fastest."""
-    from codegen.bundle import StoreKernels, write_bundle
+    from codegen.nn.bundle import StoreKernels, write_bundle
     from codegen.render import render, source_hash
     from store import Store
 
@@ -339,8 +339,8 @@ def test_a_bundle_ships_what_its_chooser_picks_and_a_last_split_manifest_names_i
     step), not pick_stored's; a split-K summed by its last split carries its tile counters in the manifest."""
     import json
 
-    from codegen.bundle import Bundle, pick_stored, write_bundle
     from codegen.export import export_kernel
+    from codegen.nn.bundle import Bundle, pick_stored, write_bundle
     from codegen.render import render, source_hash
     from store import Store
 
@@ -367,10 +367,10 @@ def test_a_bundle_ships_what_its_chooser_picks_and_a_last_split_manifest_names_i
 
 
 def test_step_candidates_are_the_fastest_fitting_sources_and_pinned_files_answer_by_problem(tmp_path):
-    """codegen.step.candidates: a problem's fastest stored kernels whose source fits today's plan, fastest
+    """codegen.nn.step.candidates: a problem's fastest stored kernels whose source fits today's plan, fastest
     first, at most the limit (a stale source is passed over); Pinned answers a pinned problem only."""
+    from codegen.nn.step import Pinned, candidates
     from codegen.render import render, source_hash
-    from codegen.step import Pinned, candidates
     from store import Store
 
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
@@ -393,7 +393,7 @@ def test_step_candidates_are_the_fastest_fitting_sources_and_pinned_files_answer
 
 
 class _ScriptedStep:
-    """A stand-in for codegen.step.Step: the step's µs for each choice of kernels come from ``cost``
+    """A stand-in for codegen.nn.step.Step: the step's µs for each choice of kernels come from ``cost``
     (forward, grad_input, grad_weight kernel names -> µs); None means the step cannot run."""
 
     def __init__(self, problems, cost):
@@ -407,13 +407,13 @@ class _ScriptedStep:
 
 
 def test_pick_step_keeps_the_kernel_of_the_fastest_step_one_gemm_at_a_time(tmp_path):
-    """codegen.step.pick starts from the store's own pick, tries each GEMM's other candidates with the
+    """codegen.nn.step.pick starts from the store's own pick, tries each GEMM's other candidates with the
     other two GEMMs held, keeps a candidate only where the step gets faster, skips one that cannot
     run, and reports both choices; a GEMM with no stored kernel, or a store pick that cannot run, is a
     ValueError that says so."""
+    from codegen.nn.step import pick
     from codegen.problem import linear_problems
     from codegen.render import render, source_hash
-    from codegen.step import pick
     from store import Store
 
     store = Store(f"sqlite:///{tmp_path / 's.db'}")

@@ -17,6 +17,7 @@ import re
 import pytest
 
 from codegen import cli, sass
+from codegen.cli import options
 from codegen.families import spec_from_name
 from codegen.families.hopper import CONSUMER_OVERHEAD, Spec, template_values
 from codegen.problem import DType, Layout, Problem
@@ -80,7 +81,7 @@ def test_misplaced_suffixes_are_refused(name):
 def test_the_cli_flag_sets_it():
     argv = ["compile", "--family", "hopper", "--dtype", "bf16", "--a-regs", "--bn", "128"]
     args = cli.build_parser(cli.family_asked(argv)).parse_args(argv)
-    assert cli.spec_from_args(args) == Spec(a_regs=True, bn=128)
+    assert options.spec_from_args(args) == Spec(a_regs=True, bn=128)
 
 
 # ---- rules ---------------------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ def test_engine_run_plan_launches_the_plan_s_cluster(monkeypatch):  # recorded, 
 
 
 def test_nn_launches_a_cluster_manifest_with_its_cluster(monkeypatch):  # recorded, not run
-    from codegen import cuda, nn
+    from codegen import cuda
+    from codegen.nn import layer as nn
 
     problem = Problem(300, 250, 72, DType.bf16, bias=True)
     spec = Spec(cluster=2, persistent=True, bias=True)

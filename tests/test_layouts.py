@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from codegen import cli, families, sass, sparse
+from codegen.cli import options
 from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
 from codegen.evaluate import probe_for
 from codegen.families.hopper import Spec as HopperSpec
@@ -340,10 +341,10 @@ def _parse(argv):
 def test_every_problem_command_takes_layout(command):
     extra = {"sweep": ["--out", "x.json"], "export": ["--out", "x", "--best"]}.get(command, [])
     args = _parse([command, "--m", "64", "--n", "48", "--k", "32", "--layout", "grad_weight", "--bias", *extra])
-    problem = cli.problem_from_args(args)
+    problem = options.problem_from_args(args)
     assert (problem.layout, problem.bias, problem.key) == (GW, True, "64x48x32_fp32_grad_weight_bias")
     if command in ("compile", "bench", "export"):  # the commands that take a variant
-        spec = cli.spec_from_args(args, problem)
+        spec = options.spec_from_args(args, problem)
         assert spec.layout is GW and spec.name.endswith("_gw")
     assert _parse([command, "--m", "1", "--n", "1", "--k", "1", *extra]).layout == "forward"
 
@@ -561,15 +562,15 @@ def test_sparse_grad_input_plans_read_wt_with_its_index_arrays():
 def test_sparse_grad_input_from_the_command_line(tmp_path):
     args = _parse(["bench", "--m", "16", "--n", "80", "--k", "96", "--layout", "grad_input", "--block", "32",
                    "--density", "0.5"])
-    problem = cli.problem_from_args(args)
+    problem = options.problem_from_args(args)
     assert (problem.n, problem.k, problem.layout) == (80, 96, GI) and sparse.lookup(problem).n == 96
     w = np.zeros((96, 80), dtype=np.float32)
     w[:32, 32:64] = 1.0
     np.save(tmp_path / "w.npy", w)
     args = _parse(["bench", "--m", "16", "--layout", "grad_input", "--block", "32", "--weights", str(tmp_path / "w.npy")])
-    problem = cli.problem_from_args(args)
+    problem = options.problem_from_args(args)
     assert (problem.n, problem.k, problem.density) == (80, 96, 1 / 9)
-    assert cli.spec_from_args(args, problem).name.endswith("_bsr32_gi")
+    assert options.spec_from_args(args, problem).name.endswith("_bsr32_gi")
 
 
 @needs_gxx

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from codegen import cli
-from codegen.bundle import Bundle, BundleError, StoreKernels, layer_shape
+from codegen.cli import layer as cli_layer
+from codegen.nn.bundle import Bundle, BundleError, StoreKernels, layer_shape
+from codegen.nn.tune import LayerShape, generated, layer_problems
 from codegen.problem import DType, Layout, Problem, linear_problems
-from codegen.tune import LayerShape, generated, layer_problems
 
 torch = pytest.importorskip("torch")
-from codegen import nn  # noqa: E402  (after torch: the layer needs it)
+from codegen.nn import layer as nn  # noqa: E402  (after torch: the layer needs it)
 
 F = torch.nn.functional
 
@@ -104,7 +105,7 @@ def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsy
     """Without --replay each GEMM gets a GPU measurer; here gpu_measurer is REPLACED by the replayed
     recording (forward only), and ``generated`` is REPLACED to refuse the backward layouts, so the
     test does not depend on what the families generate today."""
-    from codegen import tune as tune_mod
+    from codegen.nn import tune as tune_mod
     from search import parallel
     from search.measure import ReplayMeasurer
 
@@ -138,7 +139,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
     """No family named: each GEMM of a bf16 layer is searched in the tensor-core family and the Hopper
     family, in that order; on a GPU without sm_90 the Hopper searches are skipped with their reason,
     once the measurer says what the GPU is. run_search is REPLACED by a recorder (no GPU here)."""
-    from codegen import tune as tune_mod
+    from codegen.nn import tune as tune_mod
     from codegen.spec import DeviceLimits
     from search import runner
 
@@ -163,7 +164,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
     assert {f for _, f in ran} == searched and len(ran) == 3 * len(searched)
     skipped = [r for r in results if r.skipped]
     assert len(skipped) == 3 - 3 * (len(searched) - 1) and all("sm_90" in r.skipped for r in skipped)
-    table = cli.tuning_table(results).splitlines()
+    table = cli_layer.tuning_table(results).splitlines()
     marked = [line for line in table if line.endswith(" *")]
     assert len(marked) == (3 if sm == 90 else 0) and all("hopper-" in line for line in marked)
     assert tune_mod.tune(layer_problems({LayerShape(8, 64, 64, DType.fp32, False): ["x"]}), None,
@@ -177,8 +178,8 @@ def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(ca
         seen["families"] = families
         return []
 
-    monkeypatch.setattr("codegen.tune.tune", record)
-    monkeypatch.setattr(cli, "check_cache", lambda: None)
+    monkeypatch.setattr("codegen.nn.tune.tune", record)
+    monkeypatch.setattr(cli_layer, "check_cache", lambda: None)
     code, out, err = run(["tune-linear", *LAYER, "--dtype", "bf16", "--family", "hopper", "--family", "tensorcore",
                           "--family", "hopper", "--no-store", "--quiet"], capsys)
     assert seen["families"] == ["hopper", "tensorcore"]
@@ -221,7 +222,7 @@ def captured(monkeypatch):
         seen["problems"], seen["args"] = problems, args
         return 0
 
-    monkeypatch.setattr(cli, "run_tuning", record)
+    monkeypatch.setattr(cli_layer, "run_tuning", record)
     return seen
 
 
@@ -409,8 +410,9 @@ def _compiled(monkeypatch, problem, families, launches, maps):
     one test share the recorder, each function named <kernel>#<step>."""
     import ctypes
 
-    from codegen import cuda, nn
-    from codegen.bundle import SeedKernels
+    from codegen import cuda
+    from codegen.nn import layer as nn
+    from codegen.nn.bundle import SeedKernels
 
     file = SeedKernels(families).find(problem, "any")
     assert not isinstance(file, str), file
@@ -534,7 +536,7 @@ def test_a_bundle_from_a_committed_h200_store(tmp_path, capsys):
 
 
 def test_a_model_factory_is_built_on_the_meta_device(tmp_path):
-    from codegen.tune import linear_layers, load_model
+    from codegen.nn.tune import linear_layers, load_model
 
     (tmp_path / "big.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(50000, 50000)\n")
     model = load_model(f"{tmp_path / 'big.py'}:make")  # 10 GB of fp32 weights if it were allocated
@@ -558,7 +560,7 @@ def test_a_replaced_model_can_be_copied_and_saved(tuned, tmp_path):
 
 
 def test_built_in_seeds_put_the_hopper_family_first_for_large_16_bit_forward_layers():
-    from codegen.bundle import SeedKernels
+    from codegen.nn.bundle import SeedKernels
 
     seeds = SeedKernels()
     big = linear_problems(4096, 4096, 4096, DType.bf16, True)

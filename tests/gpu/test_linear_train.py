@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import linear_train as lt
-from codegen.bundle import SeedKernels
+from codegen.nn.bundle import SeedKernels
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """GPU tier of codegen.nn: the layer runs real gemmscape kernels (the families' built-in seeds,
-codegen.bundle.SeedKernels, and a bundle exported from a store) on torch's stream.
+codegen.nn.bundle.SeedKernels, and a bundle exported from a store) on torch's stream.
 
 Each test asserts which GEMM ran a gemmscape kernel and which fell back (backward falls back until
 the families generate the grad_input and grad_weight layouts; once they do, the same tests check
@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from codegen.bundle import SeedKernels
+from codegen.nn.bundle import SeedKernels
 from codegen.problem import DType, Layout, linear_problems
 
 pytestmark = pytest.mark.gpu
@@ -119,7 +119,7 @@ def test_an_exported_bundle_runs_without_the_store(tmp_path):
 def test_cuda_graph_replay_equals_eager(overlap):
     """Captured with dW on the side stream (overlap) or all on one stream: replays equal eager calls."""
     from codegen.nn import Kernels, Linear
-    from codegen.step import capture
+    from codegen.nn.step import capture
 
     kernels = Kernels(SeedKernels(), overlap_backward=overlap)
     torch.manual_seed(2)

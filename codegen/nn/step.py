@@ -1,7 +1,7 @@
 """A linear layer's kernels picked by their time inside the train step (``codegen pick-step``; needs torch).
 
 A store ranks each GEMM's kernels by their time alone, after an L2 flush, and codegen.nn runs the
-fastest (codegen.bundle.pick_stored). Inside a train step, after the GEMM before it, a kernel can run
+fastest (codegen.nn.bundle.pick_stored). Inside a train step, after the GEMM before it, a kernel can run
 slower than alone, and by different amounts: on the H200 (2026-12-04, batch 32, 4096 x 4096 fp32) a
 grad_input kernel of 40.4 µs alone made the step 133.2 µs and one of 41.6 alone 130.4; a forward of
 40.9 alone made it 144.7 and one of 43.1 alone 133.3 (benchmarks/NOTES.md). So this picks by the step:
@@ -10,7 +10,7 @@ GEMM's fastest stored kernels whose source fits today's plan (up to ``candidates
 current one; the step (forward, then ``torch.autograd.grad`` for dX, dW and db) is captured in a CUDA
 graph, replayed once into NaN-poisoned outputs that are checked against float64, and replayed
 ``reps`` times after an L2 flush; the lowest median stays. Then the store's choice and the step's
-are timed side by side in alternating rounds. The result goes into a bundle (codegen.bundle) that
+are timed side by side in alternating rounds. The result goes into a bundle (codegen.nn.bundle) that
 codegen.nn loads.
 """
 
@@ -76,8 +76,8 @@ def candidates(store, problem: Problem, device: str, limit: int) -> list[tuple[d
     """(trial row, KernelFile) of the fastest stored kernels of ``problem`` on ``device`` whose source
     fits today's plan, fastest alone first, at most ``limit``."""
 
-    from codegen.bundle import CANDIDATES, KernelFile
     from codegen.export import ExportError, export_kernel
+    from codegen.nn.bundle import CANDIDATES, KernelFile
 
     found = []
     rows = [r for r in store.best(problem, per_problem=max(CANDIDATES, limit)) if r["device"] == device]
@@ -116,7 +116,7 @@ class Step:
         graph is None unless every GEMM ran its pinned kernel and every output is within the dtype's bound."""
         import torch
 
-        from codegen.nn import Kernels, Linear
+        from codegen.nn.layer import Kernels, Linear
 
         key = tuple(sorted((k, f.manifest["name"]) for k, f in files.items()))
         if key in self.graphs:
@@ -171,7 +171,7 @@ def pick(store, step: Step, device: str, limit: int, reps: int, rounds: int = 5,
     ``chosen`` and ``store_pick`` (layout -> trial row), every ``trial`` timed, and ``final`` (the two
     choices' medians and ranges over ``rounds`` alternating rounds of ``reps`` replays). Raises
     ValueError where a GEMM has no stored kernel that fits, or the store's own choice cannot run."""
-    from codegen.bundle import pick_stored
+    from codegen.nn.bundle import pick_stored
 
     pool = {}
     for layout, problem in step.problems.items():

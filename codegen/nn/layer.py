@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codegen.bundle import Bundle, KernelFile, SeedKernels, StoreKernels
 from codegen.launch import launched_grid
+from codegen.nn.bundle import Bundle, KernelFile, SeedKernels, StoreKernels
 from codegen.problem import DType, Layout, Problem, linear_problems
 
 __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]

@@ -1,0 +1,111 @@
+"""``codegen`` command line: compile, bench, search, sweep, export, tune-linear, pick-step, tune-model,
+results, app.
+
+``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
+times and default to the dtype's families, codegen.nn.tune.DEFAULT_FAMILIES); the variant options are
+that family's own, built from its spec's fields (``codegen bench --family NAME --help`` lists them).
+
+Exit codes (codegen.cli.errors): 0 done; 1 it ran and the answer is a failure (a kernel failed,
+nothing was found, an export could not be made); 2 a usage error: the command line, or a file,
+database or setting it names, cannot be used; nothing was written. A user mistake is reported in
+one line on stderr; ``--debug`` shows the traceback instead, and a bug in gemmscape always does.
+
+One module per command group adds its subcommands (``register(commands)``, each set to run its own
+``cmd_*`` function), in the order of ``COMMANDS``, which is the order ``codegen --help`` lists:
+``kernel`` (compile, bench), ``search`` (search, sweep), ``export`` (export, with ``--bundle``),
+``layer`` (tune-linear, pick-step, tune-model) and ``results`` (results, app). A new command is one
+more such module in that list. What they share: ``options`` (argument types, the parser, option
+builders, the problem and kernel variant of a command line) and ``checks`` (places on disk, the
+cache and the store, checked before anything is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from codegen import families
+from codegen.cli import export, kernel, layer, results, search
+from codegen.cli.checks import one_line
+from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, Failure, UsageError
+from codegen.cli.options import DEFAULT_FAMILY, Commands, HelpFormatter, Parser
+
+#: The command modules, in the order ``codegen --help`` lists their commands.
+COMMANDS = (kernel, search, export, layer, results)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("gemmscape")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
+    """The parser, with ``family``'s variant options on compile and bench."""
+    parser = Parser(prog="codegen", formatter_class=HelpFormatter,
+                    description="gemmscape: generate, check and time CUDA GEMM kernels for the linear layer "
+                                "Y = X·Wᵀ + b.",
+                    epilog="exit codes: 0 done; 1 a failure or nothing found (a kernel failed, no result, no "
+                           "export); 2 a usage error (the command line, or a file, database or setting it names, "
+                           "cannot be used; nothing written)")
+    parser.add_argument("--version", action="version", version=f"gemmscape {version()}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    commands = Commands(parser, family)
+    for module in COMMANDS:
+        module.register(commands)
+    return parser
+
+
+def family_asked(argv: list[str] | None) -> str:
+    """A first look at the command line for ``--family`` (the variant options depend on it)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--family")
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return known.family if known.family in families.names() else DEFAULT_FAMILY
+
+
+def _say(args: argparse.Namespace, message: str) -> None:
+    print(f"codegen {getattr(args, 'command', '')}: {message}".replace("codegen : ", "codegen: "), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit code (see the module docstring). A user mistake, a store
+    that cannot be used and a compiler that cannot run become one line on stderr; with ``--debug``
+    they raise instead. Any other exception is a bug in gemmscape and keeps its traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import StoreError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(family_asked(argv)).parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        if debug:
+            raise
+        _say(args, str(e))
+        return EXIT_USAGE
+    except Failure as e:
+        if debug:
+            raise
+        _say(args, str(e))
+        return EXIT_FAILURE
+    except (StoreError, SQLAlchemyError) as e:
+        if debug:
+            raise
+        _say(args, f"database error: {one_line(e)} (--debug shows the traceback)")
+        return EXIT_FAILURE
+    except BrokenPipeError:  # the reader of stdout went away (`codegen results --json | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(args, "interrupted")
+        return EXIT_INTERRUPTED

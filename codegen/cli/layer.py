@@ -1,0 +1,255 @@
+"""The linear layer's commands: ``codegen tune-linear`` and ``codegen tune-model`` tune a layer's or
+a model's GEMMs (codegen.nn.tune), ``codegen pick-step`` picks a tuned layer's kernels by the train
+step's time into a bundle (codegen.nn.step, codegen.nn.bundle)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from codegen import families
+from codegen.cli.checks import check_cache, check_store, check_writable, open_store
+from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Failure, UsageError
+from codegen.cli.options import Commands, add_db_arg, add_gpu_args, positive_int
+from codegen.cli.search import search_seeds
+from codegen.problem import DType
+from search import DEFAULT_SAMPLER, SAMPLERS
+
+
+def register(commands: Commands) -> None:
+    p = commands.add("tune-linear", "tune the three GEMMs of one linear layer (forward, grad_input, grad_weight)")
+    add_shape_args(p)
+    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
+    add_tune_args(p)
+    p.set_defaults(func=cmd_tune_linear)
+
+    p = commands.add("pick-step", "pick a tuned layer's three kernels by the train step's time (CUDA graph replays), "
+                     "into a bundle; needs torch and a GPU")
+    add_shape_args(p)
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32", help="element type")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias")
+    p.add_argument("--bundle", type=Path, required=True, metavar="DIR",
+                   help="folder to write the bundle to (the layer's picks; the store's own pick for any other problem)")
+    p.add_argument("--candidates", type=positive_int, default=12,
+                   help="stored kernels tried per GEMM, fastest alone first")
+    p.add_argument("--reps", type=positive_int, default=30, help="timed graph replays per step tried")
+    p.add_argument("--quiet", action="store_true", help="no line per step tried")
+    add_db_arg(p)
+    p.set_defaults(func=cmd_pick_step)
+
+    p = commands.add("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
+    p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "
+                   "whole with torch.save (.pt/.pth)")
+    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step) for every layer")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help="element type (default: each layer's weight dtype)")
+    add_tune_args(p)
+    p.set_defaults(func=cmd_tune_model)
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The layer's shape, as tune-linear and pick-step take it: --batch, --in, --out."""
+    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step)")
+    p.add_argument("--in", dest="in_features", type=positive_int, required=True, metavar="IN", help="in features")
+    p.add_argument("--out", dest="out_features", type=positive_int, required=True, metavar="OUT",
+                   help="out features")
+
+
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    """What tune-linear and tune-model share with ``codegen search``."""
+    p.add_argument("--family", choices=families.names(), action="append", default=None,
+                   help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
+                        "each; the store keeps all and a bundle takes the fastest). default per dtype: fp32 simt, "
+                        "tf32 tensorcore, fp16 and bf16 tensorcore and hopper (skipped with its reason off sm_90)")
+    p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM and family")
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                   help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--restricted", action="store_true", help="search the restricted space")
+    p.add_argument("--no-warm-start", action="store_true", help="start from the family's built-in seeds only")
+    p.add_argument("--replay", type=Path, metavar="FILE",
+                   help="answer from a recorded sweep, no GPU: only the GEMM it recorded is tuned, the others "
+                        "are skipped (default: none, measure on the GPU)")
+    add_gpu_args(p, timeout=30.0)
+    p.add_argument("--no-store", action="store_true", help="do not record the trials")
+    p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+
+def cmd_tune_linear(args: argparse.Namespace) -> int:
+    from codegen.nn.tune import LayerShape, layer_problems
+
+    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
+    print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
+    return run_tuning(args, layer_problems({shape: ["layer"]}))
+
+
+def cmd_pick_step(args: argparse.Namespace) -> int:
+    """``codegen pick-step``: a layer's three kernels picked by the train step's time (codegen.nn.step),
+    written as a bundle with the timings beside its index (step-pick.json)."""
+    import datetime as dt
+
+    dtype = DType(args.dtype)
+    if dtype not in (DType.fp32, DType.fp16, DType.bf16):
+        raise UsageError(f"--dtype {dtype.value}: pick-step runs the layer in torch, whose dtypes are fp32, fp16, bf16")
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("pick-step times the layer's train step in torch: install the torch extra "
+                         "(pip install 'gemmscape[torch]')") from None
+    if not torch.cuda.is_available():
+        raise Failure("pick-step needs a CUDA GPU visible to torch")
+    from codegen.export import export_kernel
+    from codegen.nn import step as steps
+    from codegen.nn.bundle import pick_stored, write_bundle
+    from codegen.versions import versions
+
+    check_writable(args.bundle, "--bundle", folder=True)
+    store = open_store(args.db, read_only=True)
+    device = torch.cuda.get_device_name()
+    step = steps.Step(args.batch, args.in_features, args.out_features, dtype, args.bias)
+    try:
+        found = steps.pick(store, step, device, args.candidates, args.reps,
+                           progress=(lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr)))
+    except ValueError as e:
+        raise Failure(str(e)) from None
+    by_key = {step.problems[lay].key: row for lay, row in found["chosen"].items()}
+
+    def choose(st, problem, rows):  # the step's choice for the layer's GEMMs, the store's own for any other
+        row = by_key.get(problem.key)
+        if row is None or row["device"] != rows[0]["device"]:
+            return pick_stored(st, problem, rows)
+        return (row, *export_kernel(st, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
+                                    device_id=row["device_id"]))
+
+    index = write_bundle(store, args.bundle, choose=choose)
+    doc = {"suite": "step_pick", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "device": device,
+           "versions": {**versions(), "torch": torch.__version__}, "command": "codegen " + " ".join(sys.argv[1:]),
+           "layer": {"batch": args.batch, "in": args.in_features, "out": args.out_features, "dtype": dtype.value,
+                     "bias": args.bias},
+           "timing": {"reps": args.reps, "rounds": 5, "l2_flush_bytes": steps.FLUSH_BYTES,
+                      "note": "CUDA-event-timed graph replays of forward + autograd.grad, the L2 flushed before each"},
+           "chosen": {lay.value: r["kernel"] for lay, r in found["chosen"].items()},
+           "store_pick": {lay.value: r["kernel"] for lay, r in found["store_pick"].items()},
+           "final": found["final"], "trials": found["trials"]}
+    (args.bundle / "step-pick.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    fin = found["final"]
+    for lay, row in found["chosen"].items():
+        print(f"{lay.value:11s} {row['kernel']}" + ("" if row["id"] == found["store_pick"][lay]["id"] else
+                                                   f"  (the store's pick: {found['store_pick'][lay]['kernel']})"))
+    print(f"train step {fin['chosen']['median_us']:.1f} us (range {fin['chosen']['min_us']:.1f}-"
+          f"{fin['chosen']['max_us']:.1f}) against {fin['store_pick']['median_us']:.1f} us with the store's pick; "
+          f"wrote {len(index['kernels'])} kernels and {args.bundle / 'index.json'}")
+    return EXIT_OK
+
+
+def cmd_tune_model(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
+    from codegen.nn.tune import layer_problems, linear_layers, load_model
+
+    try:
+        model = load_model(args.model)
+        shapes = linear_layers(model, args.batch, DType(args.dtype) if args.dtype else None)
+    except ValueError as e:
+        raise UsageError(f"{args.model}: {e}") from None
+    if not shapes:
+        raise Failure(f"{args.model} has no nn.Linear layer")
+    layers = sum(len(v) for v in shapes.values())
+    print(f"{layers} linear layer{'s' if layers != 1 else ''}, {len(shapes)} distinct shape"
+          f"{'s' if len(shapes) != 1 else ''} at batch {args.batch}:", file=sys.stderr)
+    for shape, names in shapes.items():
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+        print(f"  {shape.describe()}: {shown}", file=sys.stderr)
+    return run_tuning(args, layer_problems(shapes))
+
+
+def run_tuning(args: argparse.Namespace, problems: dict) -> int:
+    """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
+    from codegen.nn.tune import tune
+    from codegen.versions import versions
+    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+
+    asked = args.family  # None: each dtype's default families (codegen.nn.tune.DEFAULT_FAMILIES)
+    space_name = "restricted" if args.restricted else "full"
+    seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
+    results_skipped = []
+    if args.replay:
+        try:
+            recorded = ReplayMeasurer(args.replay)
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
+        if asked and set(asked) != {recorded.space.family}:
+            raise UsageError(f"{args.replay} records the {recorded.space.family} family, not "
+                             f"{', '.join(dict.fromkeys(asked))}")
+        space_name = "replay"
+        for p in [p for p in problems if p != recorded.problem]:
+            print(f"skip {p.key}: {args.replay} records {recorded.problem.key}", file=sys.stderr)
+            results_skipped.append(p)
+        problems = {p: v for p, v in problems.items() if p == recorded.problem}
+
+        def make_measurer(problem):
+            return ReplayMeasurer(args.replay, problem)
+    else:
+        check_cache()
+        from search.parallel import gpu_measurer
+
+        def make_measurer(problem):
+            return gpu_measurer(problem, None, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
+    if not args.no_store:
+        check_store(args.db)
+    store = None if args.no_store else open_store(args.db)
+
+    def seeds_for(problem, space, measurer, store):
+        return search_seeds(seeding, problem, space, space_name, measurer, store)
+
+    try:
+        results = tune(problems, list(dict.fromkeys(asked)) if asked else None, make_measurer, budget=args.budget, store=store, sampler=args.sampler,
+                       seed=args.seed, restricted=args.restricted, progress=not args.quiet,
+                       say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
+                       command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
+                       space=recorded.space if args.replay else None)
+    except NoGpu as e:
+        raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
+    except KeyboardInterrupt as e:
+        print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(tuning_table(results, results_skipped))
+    if store is not None and any(r.summary is not None and r.summary.best for r in results):
+        print(f"stored in {store.location}: `codegen export --bundle DIR` writes them for codegen.nn", file=sys.stderr)
+    return EXIT_OK if any(r.summary is not None and r.summary.best for r in results) else EXIT_FAILURE
+
+
+def tuning_table(results: list, not_recorded: list | None = None) -> str:
+    """One line per GEMM and family searched: layout, problem, the best kernel or why none, and what it
+    serves; where several families ran a GEMM, ``*`` marks the fastest (what a bundle takes)."""
+    fastest: dict = {}
+    for r in results:
+        best = r.summary.best if r.summary is not None else None
+        if best and best["tflops"] > fastest.get(r.problem, (None, -1.0))[1]:
+            fastest[r.problem] = (r, best["tflops"])
+    several = {p for p in fastest
+               if sum(r.problem == p and r.summary is not None and bool(r.summary.best) for r in results) > 1}
+    lines = [f"{'layout':12s} {'problem':34s} {'best kernel':62s} {'TFLOP/s':>8s} {'x cuBLAS':>8s}  layers"]
+    for r in results:
+        layers = ", ".join(dict.fromkeys(r.layers))
+        best = r.summary.best if r.summary is not None else None
+        if best:
+            ratio = best.get("ratio", {}).get("cublas")
+            mark = " *" if r.problem in several and fastest[r.problem][0] is r else ""
+            lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {best['kernel']:62s} "
+                         f"{best['tflops']:8.2f} {(f'{ratio:.3f}' if ratio else '-'):>8s}  {layers}{mark}")
+        else:
+            why = f"skipped ({r.family}): {r.skipped}" if r.skipped and r.family else \
+                f"skipped: {r.skipped}" if r.skipped else f"no ok kernel: {r.summary.stopped}"
+            lines.append(f"{r.problem.layout.value:12s} {r.problem.key:34s} {why[:62]:62s} {'-':>8s} {'-':>8s}  {layers}")
+    for p in not_recorded or []:
+        lines.append(f"{p.layout.value:12s} {p.key:34s} {'skipped: not in the recording':62s} {'-':>8s} {'-':>8s}")
+    return "\n".join(lines)
+

@@ -1,0 +1,368 @@
+"""What the commands' command lines share: argument types, the parser and its help, option
+builders, and the problem and kernel variant a command line names.
+
+A bad value is a one-line usage error at parse time (``Parser``); every option's help shows its
+default (``HelpFormatter``). ``Commands`` is what each command module adds its subcommands to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import MISSING
+
+from codegen import families
+from codegen.cli.checks import url_problem
+from codegen.cli.errors import EXIT_USAGE, UsageError
+from codegen.problem import DType, Layout, Problem
+from codegen.spec import KernelSpec
+
+DEFAULT_FAMILY = "simt"
+
+
+# ---- argument types: a bad value is a one-line usage error at parse time --------------------------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1] (a density: 0 keeps no block, 1 all of them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {value}")
+    return value
+
+
+def arch_name(text: str) -> str:
+    if not re.fullmatch(r"sm_\d+a?", text):
+        raise argparse.ArgumentTypeError(f"an arch looks like sm_90 or sm_80, got {text!r}")
+    return text
+
+
+def database_url(text: str) -> str:
+    reason = url_problem(text)
+    if reason:
+        raise argparse.ArgumentTypeError(reason)
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: what is wrong and where help is."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help: from the help text where it says it, else the value."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.option_strings and action.nargs != 0 and "default" not in text
+                and action.default not in (None, argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Commands:
+    """The subcommands of ``codegen``, to which each command module adds its own (``add``); ``family``
+    is the kernel family whose variant options compile and bench take."""
+
+    def __init__(self, parser: argparse.ArgumentParser, family: str) -> None:
+        self._sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        self.family = family
+
+    def add(self, name: str, text: str) -> argparse.ArgumentParser:
+        """A subcommand ``name`` described by ``text``; the module sets its ``func`` to run it."""
+        p = self._sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
+        return p
+
+
+# ---- shared options, and the problem and kernel variant they name ----------------------------------
+#: The options of a block-sparse W (argparse dests), as the command line spells them.
+SPARSE_OPTIONS = {"block": "--block", "density": "--density", "pattern_seed": "--pattern-seed", "weights": "--weights"}
+
+
+def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--m, --n, --k, --dtype, --bias, and the options of a block-sparse W. --n and --k are checked
+    by ``problem_from_args`` (not argparse): --weights gives them."""
+    if required:
+        m_none, nk_none = "", " (default: none; required unless --weights gives it)"
+    else:
+        m_none = nk_none = " (default: none; give all of --m, --n, --k or none; --weights gives --n, --k)"
+    p.add_argument("--m", type=positive_int, required=required, help="batch (rows of X and Y)" + m_none)
+    p.add_argument("--n", type=positive_int, help="out features (rows of W)" + nk_none)
+    p.add_argument("--k", type=positive_int, help="in features" + nk_none)
+    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
+    p.add_argument("--bias", action="store_true", help="add b[N] (with --layout grad_weight: also db[M] = sum of dY)")
+    p.add_argument("--layout", choices=[v.value for v in Layout], default="forward",
+                   help="which GEMM of the linear layer: forward Y = X·Wᵀ; grad_input dX[M,N] = dY[M,K]·W[K,N] "
+                        "(M batch, N in, K out); grad_weight dW[M,N] = dY[K,M]ᵀ·X[K,N] (M out, N in, K batch). "
+                        "--m, --n, --k are always the GEMM's output rows, output columns and reduction")
+    from codegen.sparse import BLOCKS
+
+    g = p.add_argument_group("block-sparse W (default: none of these, W is dense)")
+    g.add_argument("--block", type=int, choices=BLOCKS, metavar="{" + ",".join(map(str, BLOCKS)) + "}",
+                   help="W is block-sparse in BLOCK x BLOCK blocks; needs --density or --weights "
+                        "(default: none, W dense)")
+    g.add_argument("--density", type=fraction, metavar="D",
+                   help="fraction of W's blocks kept, 0 to 1: a random pattern, or with --weights the largest "
+                        "blocks of the file's W (default: none)")
+    g.add_argument("--pattern-seed", type=non_negative_int, metavar="S",
+                   help="seed of the random pattern of --density (default: 0)")
+    g.add_argument("--weights", metavar="PATH[:NAME]",
+                   help="your own W: .npy, .npz, .pt/.pth or .safetensors, NAME picks one tensor of several; "
+                        "N and K come from it, the kept blocks are its non-zero ones (default: none)")
+
+
+DB_HELP = "store URL, sqlite:///PATH or postgresql+psycopg://... (default: $GEMMSCAPE_DB, else " \
+          "sqlite:///~/.local/share/gemmscape/gemmscape.db)"
+
+
+def add_db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=database_url, metavar="URL", help=DB_HELP)
+
+
+def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
+    """Where results go and how kernels are built and run, for the commands that measure."""
+    add_db_arg(p)
+    p.add_argument("--arch", type=arch_name, help="target, e.g. sm_90 (default: $GEMMSCAPE_ARCH, else the visible GPU's)")
+    p.add_argument("--timeout", type=positive_float, default=timeout, help="seconds before a kernel counts as hung")
+
+
+def add_family_arg(p: argparse.ArgumentParser, what: str, default: str = DEFAULT_FAMILY) -> None:
+    p.add_argument("--family", choices=families.names(), default=None,
+                   help=f"kernel family {what} (default {default})")
+
+
+def family_of_args(args: argparse.Namespace) -> str:
+    return getattr(args, "family", None) or DEFAULT_FAMILY
+
+
+def add_spec_args(p: argparse.ArgumentParser, family: str) -> None:
+    """``--kernel`` and one option per variant field of ``family``'s spec (type from the field's
+    default, choices from its metadata)."""
+    g = p.add_argument_group(f"kernel variant ({family} family; unset options take the defaults shown)")
+    g.add_argument("--kernel", metavar="NAME", help="a kernel name, e.g. from `codegen results` "
+                   "(default: the variant the options below give)")
+    for f in families.variant_fields(family):
+        default = f.default if f.default is not MISSING else None
+        flag = f"--{f.name.replace('_', '-')}"
+        text = f.metadata.get("help", "")
+        text = f"{text} (default {default})" if text else f"default {default}"
+        if isinstance(default, bool):
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            continue
+        choices = f.metadata.get("choices")
+        g.add_argument(flag, dest=f.name, type=type(default) if default is not None else str, default=None,
+                       choices=list(choices) if choices else None, help=text)
+
+
+def check_family(spec: KernelSpec, args: argparse.Namespace) -> KernelSpec:
+    """A kernel named on the command line must be of the family asked for, when one is."""
+    asked = getattr(args, "family", None)
+    if asked and spec.family != asked:
+        raise UsageError(f"kernel {spec.name} is of the {spec.family} family, not {asked}; "
+                         f"drop --family or name a {asked} kernel")
+    return spec
+
+
+def spec_from_name(name: str, args: argparse.Namespace) -> KernelSpec:
+    try:
+        spec = families.spec_from_name(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return check_family(spec, args)
+
+
+def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> KernelSpec:
+    if args.kernel:
+        spec = spec_from_name(args.kernel, args)
+        block = getattr(spec, "block", 0)
+        layout = getattr(spec, "layout", Layout.forward)
+        if problem is not None and (spec.dtype, spec.bias, block, layout) != \
+                (problem.dtype, problem.bias, problem.block, problem.layout):
+            raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}, block={block}, "
+                             f"layout={layout.value}; the problem is {problem.dtype.value}, bias={problem.bias}, "
+                             f"block={problem.block}, layout={problem.layout.value}")
+        return spec
+    family = family_of_args(args)
+    values = {f.name: getattr(args, f.name) for f in families.variant_fields(family)
+              if getattr(args, f.name, None) is not None}
+    if problem is not None:
+        values.update(dtype=problem.dtype, bias=problem.bias)
+        block, layout = problem.block, problem.layout
+    else:
+        values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
+        block, layout = getattr(args, "block", None) or 0, Layout(getattr(args, "layout", None) or "forward")
+    if layout is not Layout.forward:
+        if not families.takes_layouts(family):
+            raise UsageError(f"the {family} family generates the forward layout only; choose --family "
+                             + " or ".join(n for n in families.names() if families.takes_layouts(n)))
+        values["layout"] = layout
+    if block:
+        if not families.takes_sparse(family):
+            raise UsageError(f"the {family} family has no block-sparse variants; choose --family "
+                             + " or ".join(n for n in families.names() if families.takes_sparse(n)))
+        values["block"] = block
+        values.setdefault("bn", block)  # a block tile spans one block row unless --bn parts it (tensorcore)
+    try:
+        return families.get(family).Spec(**values)
+    except ValueError as e:
+        raise UsageError(f"not a {family} variant: {e}") from None
+
+
+def sparse_given(args: argparse.Namespace) -> list[str]:
+    """The block-sparse options given, as spelled on the command line."""
+    return [flag for dest, flag in SPARSE_OPTIONS.items() if getattr(args, dest, None) is not None]
+
+
+def check_sparse_args(args: argparse.Namespace) -> None:
+    """The block-sparse options go together: --block with --density (a random pattern, seeded by
+    --pattern-seed) or with --weights (the file's pattern; with --density, pruned to it)."""
+    given = sparse_given(args)
+    if not given:
+        return
+    if getattr(args, "block", None) is None:
+        need = "needs" if len(given) == 1 else "need"
+        raise UsageError(f"{', '.join(given)} {need} --block 16, 32 or 64 (the side of W's square blocks)")
+    if args.weights is not None and args.pattern_seed is not None:
+        raise UsageError("--pattern-seed seeds a random pattern, --weights takes the pattern of your W: "
+                         "give one of them, not both")
+    if args.density is None and args.weights is None:
+        raise UsageError(f"--block {args.block} needs --density D (a random pattern with that fraction of blocks "
+                         f"kept) or --weights FILE (the blocks of your own W)")
+
+
+def problem_given(args: argparse.Namespace) -> bool:
+    """Whether a problem was given: all of --m, --n, --k, or --m with --weights (which gives N and
+    K); some but not all of them, or block-sparse options without them, is a usage error."""
+    check_sparse_args(args)
+    weights = getattr(args, "weights", None) is not None
+    given = [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None]
+    sparse = sparse_given(args)
+    if not given and not sparse:
+        return False
+    if weights:
+        if getattr(args, "m", None) is None:
+            raise UsageError("a problem with --weights needs --m (--n and --k come from the file)")
+        return True
+    missing = [f"--{d}" for d in ("m", "n", "k") if f"--{d}" not in given]
+    if missing and not given:
+        raise UsageError(f"{', '.join(sparse)} describe the W of a problem: give --m, --n, --k too")
+    if missing:
+        raise UsageError(f"a problem needs all of --m, --n, --k: {', '.join(given)} given, "
+                         f"{', '.join(missing)} missing")
+    return True
+
+
+def pattern_from_args(args: argparse.Namespace):
+    """The block-sparse pattern the options name: random (--density, --pattern-seed), or the file's
+    W (--weights): its non-zero blocks, or with --density its largest blocks."""
+    from codegen import sparse
+
+    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input.
+    gi = Layout(getattr(args, "layout", None) or "forward") is Layout.grad_input
+    rows, cols = ("k", "n") if gi else ("n", "k")
+    if args.weights is None:
+        try:
+            return sparse.Pattern.random(getattr(args, rows), getattr(args, cols), args.block, args.density,
+                                         args.pattern_seed or 0)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        w = sparse.load_weights(args.weights)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--weights: {e}") from None
+    n, k = w.shape
+    wrong = [f"--{d} {getattr(args, d)}" for d, size in ((rows, n), (cols, k))
+             if getattr(args, d, None) is not None and getattr(args, d) != size]
+    if wrong:
+        shape = "K x N, out x in, in grad_input" if gi else "N x K"
+        raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
+                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives N and K, so --n and --k "
+                         f"can be left out")
+    try:
+        if args.density is None:
+            return sparse.from_dense(w, args.block)[0]
+        return sparse.prune_blocks(w, args.block, args.density)[0]
+    except ValueError as e:
+        raise UsageError(f"--weights {args.weights}: {e}") from None
+
+
+def problem_from_args(args: argparse.Namespace) -> Problem:
+    """The problem of the command line: dense, or with --block block-sparse (its pattern registered
+    in this process by ``codegen.sparse.problem_for``)."""
+    problem_given(args)
+    layout = Layout(getattr(args, "layout", None) or "forward")
+    if getattr(args, "block", None) is not None:
+        from codegen.sparse import problem_for
+
+        if layout is Layout.grad_weight:
+            raise UsageError("--block: a block-sparse W is generated for --layout forward and grad_input, "
+                             "not grad_weight")
+        try:
+            return problem_for(args.m, pattern_from_args(args), DType(args.dtype), bias=args.bias, layout=layout)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        return Problem(args.m, args.n, args.k, DType(args.dtype), layout, bias=args.bias)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def describe_problem(problem: Problem) -> str:
+    """The problem's key, and for a block-sparse W how many blocks of what size it keeps."""
+    if not problem.sparse:
+        return problem.key
+    from codegen.sparse import lookup
+
+    p = lookup(problem)
+    blocks = p.block_rows * p.block_cols
+    return (f"{problem.key} (W {p.n}x{p.k} block-sparse: {p.nnzb} of {blocks} {p.block}x{p.block} blocks kept, "
+            f"density {p.density:.4g})")
+
+
+def printer(to_stderr: bool):
+    """``print`` for human lines: to stderr when stdout carries JSON."""
+    return (lambda *a, **kw: print(*a, **kw, file=sys.stderr)) if to_stderr else print
+

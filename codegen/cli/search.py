@@ -1,0 +1,286 @@
+"""``codegen search`` and ``codegen sweep``: one problem's space searched with Optuna, or a narrowed
+space measured point by point into a replay recording. ``search_seeds`` and ``say_seeds`` also
+serve tune-linear and tune-model (codegen.cli.layer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from codegen.cli.checks import check_cache, check_store, check_writable, open_store
+from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
+from codegen.cli.options import (
+    Commands,
+    add_family_arg,
+    add_gpu_args,
+    add_problem_args,
+    describe_problem,
+    family_of_args,
+    positive_int,
+    printer,
+    problem_from_args,
+)
+from codegen.problem import Problem
+from search import DEFAULT_SAMPLER, GPU_LOOKAHEAD, SAMPLERS
+
+
+def register(commands: Commands) -> None:
+    p = commands.add("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
+    add_problem_args(p)
+    add_family_arg(p, "whose space is searched")
+    p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
+                   help=f"sampler (default {DEFAULT_SAMPLER}, chosen on the replay recordings: see README)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--budget", type=positive_int, default=200,
+                   help="evaluated (compiled and run) trials, across resumed runs")
+    p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
+    p.add_argument("--replay", type=Path, metavar="FILE",
+                   help="answer from a recorded sweep, no GPU; trials are stored under a device named as a "
+                        "recording (default: none, measure on the GPU)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="do not start from the store's best kernels for the nearest problems (same family, dtype "
+                        "and GPU); try only the family's built-in seeds first")
+    p.add_argument("--no-seeds", action="store_true",
+                   help="try no known points first: neither the store's (warm start) nor the family's built-in seeds")
+    add_gpu_args(p, timeout=30.0)
+    p.add_argument("--no-store", action="store_true", help="do not record the trials")
+    p.add_argument("--lookahead", type=positive_int, default=GPU_LOOKAHEAD,
+                   help="candidates compiling ahead of the GPU; search.GPU_LOOKAHEAD says why this many")
+    p.add_argument("--gpus", metavar="all|0,1,...", default=None,
+                   help="measure on these GPUs, one worker each, over one study (default: GPU 0)")
+    p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="JSON on stdout (the summary lines go to stderr)")
+    p.set_defaults(func=cmd_search)
+
+    p = commands.add("sweep", "measure every valid point of a narrowed space; write a replay recording")
+    add_problem_args(p)
+    add_family_arg(p, "whose narrowed space is swept")
+    p.add_argument("--space", default="restricted", metavar="NAME",
+                   help="which narrowing of the family's space: restricted (default) or one of its larger "
+                        "NARROWINGS (simt: skinny; tensorcore: large)")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help="start no kernel after S seconds; the recording then says it is partial (default: none, "
+                        "every valid kernel)")
+    p.add_argument("--resume", type=Path, default=None, metavar="FILE",
+                   help="a partial recording of the same problem and space: keep its results (where the source "
+                        "is unchanged) and measure the rest into --out (default: none)")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="the recording to write (a new file)")
+    add_gpu_args(p, timeout=30.0)
+    p.set_defaults(func=cmd_sweep)
+
+
+def search_seeds(args: argparse.Namespace, problem: Problem, space, space_name: str, measurer, store):
+    """What a search tries first (search.warm.Seeding): nothing with --no-seeds; the family's
+    built-in seeds with --no-warm-start or --no-store; else the store's best kernels for the
+    nearest problems (warm start). A study that has started already is resumed: no seeds."""
+    from search import warm
+    from search.runner import study_name
+
+    if args.no_seeds:
+        return warm.no_seeds("no seeds (--no-seeds)")
+    name = study_name(problem, space.family, space_name, args.sampler, args.seed, measurer.device.get("name", "?"))
+    if warm.study_started(store, name):
+        return warm.resumed(name)
+    if args.no_warm_start or store is None:
+        found = warm.builtin_seeds(problem, space, measurer.limits)
+        flag = "--no-warm-start" if args.no_warm_start else "--no-store: no history to start from"
+        return warm.Seeding(found, "built-in" if found else "none", f"the family's built-in seeds ({flag})")
+    return warm.warm_seeds(store, problem, space, measurer.device, limits=measurer.limits)
+
+
+def say_seeds(say, seeding, quiet: bool) -> None:
+    """The seeds a search tries first: a count with --quiet, else one line per seed."""
+    n, mine = len(seeding.seeds), seeding.from_history
+    if seeding.source in ("none", "resumed"):
+        say(seeding.note)
+        return
+    count = f"{n} seed{'s' if n != 1 else ''}" + (f" ({mine} from the store, {n - mine} built-in)" if mine else "")
+    if quiet:
+        say(f"seeds: {count}")
+        return
+    dropped = len(seeding.dropped)
+    say(f"seeds: {count}; {seeding.note}" + (f"; {dropped} left out (not points of this space, or invalid here)"
+                                            if dropped else ""))
+    for seed in seeding.seeds:
+        say(f"  seed {seed.describe()}")
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from codegen.versions import versions
+    from search.runner import run_search
+
+    say = printer(args.json)
+    problem = problem_from_args(args)
+    command = "codegen " + " ".join(sys.argv[1:])
+    _check_sampler(args)
+    measurer, space, space_name, store = (_replayed if args.replay else _measured)(args, problem)
+    try:
+        seeding = search_seeds(args, problem, space, space_name, measurer, store)
+    except BaseException:
+        measurer.close()
+        raise
+    say_seeds(say, seeding, args.quiet)
+    try:
+        summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
+                             space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
+                             command=command, versions=versions(), seeds=seeding.points)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
+        print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        measurer.close()
+    _report(say, args, problem, summary, measurer, store, seeding)
+    return EXIT_OK if summary.best else EXIT_FAILURE
+
+
+def _check_sampler(args: argparse.Namespace) -> None:
+    """The gp sampler needs torch and scipy."""
+    if args.sampler == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"the gp sampler needs torch and scipy ({e.name} is missing): "
+                             f"pip install 'gemmscape[gp]', or pick another --sampler") from None
+
+
+def _replayed(args: argparse.Namespace, problem: Problem) -> tuple:
+    """A search over a recording (--replay), no GPU: its measurer, space, space name and store."""
+    from search.measure import ReplayError, ReplayMeasurer
+
+    try:
+        measurer = ReplayMeasurer(args.replay, problem)
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
+    space = measurer.space
+    if args.family and args.family != space.family:
+        raise UsageError(f"{args.replay} records the {space.family} family, not {args.family}")
+    store = None if args.no_store else open_store(args.db)
+    where = (f"trials stored in {store.location} under the device \"{measurer.device['name']}\""
+             if store is not None else "nothing stored (--no-store)")
+    print(f"replaying {args.replay}: recorded on {measurer.recorded['where']} at {measurer.recorded['when']}; "
+          f"no GPU is used; {where}", file=sys.stderr)
+    if not measurer.hashes_known:
+        print("note: this recording does not say which source each result measured (no source hashes); "
+              "its results are not tied to today's templates", file=sys.stderr)
+    return measurer, space, "replay", store
+
+
+def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
+    """A search on the GPU (those of --gpus): its measurer, space, space name and store."""
+    from codegen.nn.tune import generated
+    from search.measure import NoGpu
+    from search.parallel import gpu_measurer
+    from search.space import space_for
+
+    space_name = "restricted" if args.restricted else "full"
+    try:
+        space = space_for(family_of_args(args), problem.dtype, args.restricted, block=problem.block,
+                          layout=problem.layout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    why = generated(problem, space)
+    if why is not None:
+        raise UsageError(f"the {space.family} family generates no kernel for {problem.key}: {why}")
+    check_cache()
+    if not args.no_store:
+        check_store(args.db)
+    try:
+        measurer = gpu_measurer(problem, args.gpus, arch=args.arch, timeout_s=args.timeout,
+                                baseline=not args.no_baseline)
+    except NoGpu as e:
+        raise UsageError(f"{e}; to search recorded H200 measurements without a GPU use --replay FILE "
+                         f"(see README)") from None
+    except ValueError as e:  # --gpus naming GPUs that are not there, or of different models
+        raise UsageError(str(e)) from None
+    try:
+        store = None if args.no_store else open_store(args.db)
+    except BaseException:
+        measurer.close()
+        raise
+    return measurer, space, space_name, store
+
+
+def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, store, seeding) -> None:
+    """The search's summary lines (to stderr with --json) and with --json its JSON document."""
+    best = summary.best
+    say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
+        f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
+    if problem.sparse:
+        say(f"  problem {describe_problem(problem)}")
+    for line in summary.describe():
+        say(f"  {line}")
+    if summary.failures:
+        say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
+    if best:
+        ratio = best.get("ratio", {}).get("cublas")
+        say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else ""))
+    if args.replay and measurer.best:
+        say(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
+    if args.replay and store is not None:
+        say(f"  stored under \"{measurer.device['name']}\": `codegen results`, `codegen export --best ...` and "
+            f"`codegen app` show them, marked as a recording")
+    if args.json:
+        print(json.dumps({"study": summary.study, "device": measurer.device, "recorded": bool(args.replay),
+                          "store": store.location if store is not None else None,
+                          "evaluated": summary.evaluated, "wall_s": summary.wall_s,
+                          "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
+                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict(),
+                          "sampler": args.sampler, "seeded": summary.seeded, "handover": summary.handover,
+                          "proposals": {"all": summary.proposals, "sampler": summary.sampler_proposals,
+                                        "valid": summary.valid_proposals, "new": summary.new_proposals,
+                                        "replaced": summary.replaced, "valid_fraction": summary.valid_fraction},
+                          "times_s": summary.times}))
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from search.measure import GpuMeasurer, NoGpu
+    from search.space import narrowings, space_for
+
+    problem = problem_from_args(args)
+    if args.space not in narrowings(family_of_args(args)):
+        raise UsageError(f"--space {args.space}: the {family_of_args(args)} family's narrowings are "
+                         f"{', '.join(narrowings(family_of_args(args)))}")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} already exists; a sweep does not overwrite a recording: remove it or "
+                         f"choose another name")
+    check_writable(args.out, "--out", folder=False)
+    try:
+        space = space_for(family_of_args(args), problem.dtype, restricted=args.space, block=problem.block,
+                          layout=problem.layout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_cache()
+    check_store(args.db)
+    earlier = None
+    if args.resume is not None:
+        try:
+            earlier = json.loads(args.resume.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"--resume {args.resume}: cannot read it as a recording ({e})") from None
+        if not isinstance(earlier, dict) or earlier.get("problem") != problem.to_dict() or \
+                earlier.get("space") != space.to_dict():
+            raise UsageError(f"--resume {args.resume} is not a recording of {problem.key} over the "
+                             f"{args.space} space")
+    try:
+        measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
+    except NoGpu as e:
+        raise UsageError(str(e)) from None
+    from search.sweep import sweep
+
+    try:
+        doc = sweep(problem, space, measurer,
+                    store=open_store(args.db), command="codegen " + " ".join(sys.argv[1:]), space_name=args.space,
+                    max_seconds=args.max_seconds, resume=earlier)
+    finally:
+        measurer.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=0) + "\n")
+    ok = [r for r in doc["results"].values() if r["status"] == "ok"]
+    print(f"{len(doc['results'])} kernels measured, {len(ok)} ok; wrote {args.out}")
+    return EXIT_OK
+

@@ -1,0 +1,26 @@
+"""gemmscape's linear layer in PyTorch, and the tools that tune and pick its kernels.
+
+- ``codegen.nn.layer``: the layer itself (``Linear``, ``Kernels``, ``kernels_from``, ``replace_linear``;
+  needs the ``torch`` extra).
+- ``codegen.nn.tune``: a layer's or a model's GEMMs searched (``codegen tune-linear``, ``tune-model``).
+- ``codegen.nn.bundle``: tuned kernels without the store (``codegen export --bundle``), and finding a
+  layer's kernel in a bundle, a store or the families' built-in seeds.
+- ``codegen.nn.step``: a layer's kernels picked by the train step's time (``codegen pick-step``).
+
+These sit above codegen's core (problem, spec, families, render, compile, engine, export, ...):
+they use the search and the store, which the core never imports. Importing this package imports no
+torch, so the command line takes ``tune`` and ``bundle`` on a machine without it; the layer's names
+below load ``codegen.nn.layer`` (and torch) when first asked for: ``from codegen.nn import Linear``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from codegen.nn import layer
+
+        return getattr(layer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

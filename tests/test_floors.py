@@ -1,0 +1,79 @@
+"""CPU tier: codegen's core stands below everything that uses it ("floors").
+
+The core (``CORE``: the problem, spec, families, render, compile, CUDA, data, launch, worker, engine,
+evaluate, export, SASS, sparse and versions modules) imports nothing from the search, the store, the
+app, the command line or the layer tools (``ABOVE``), neither at the top of a module nor inside a
+function: those import the core, never the other way round. The imports are read from the source
+with ``ast`` (nothing is imported here)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ("problem", "spec", "families", "render", "compile", "cuda", "data", "launch", "worker", "engine",
+        "evaluate", "export", "sass", "sparse", "versions")
+ABOVE = ("search", "store", "app", "codegen.cli", "codegen.nn")
+
+
+def core_files(root: Path = ROOT, names=CORE) -> list[Path]:
+    """The source files of the core modules ``names`` under ``root``/codegen (a package: all its files)."""
+    files = []
+    for name in names:
+        folder, module = root / "codegen" / name, root / "codegen" / f"{name}.py"
+        assert folder.is_dir() or module.is_file(), f"core module codegen.{name} is not in {root / 'codegen'}"
+        files += sorted(folder.rglob("*.py")) if folder.is_dir() else [module]
+    return files
+
+
+def imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, as (line, dotted name), wherever in the file the import stands;
+    ``from a import b`` counts as both ``a`` and ``a.b`` (b may be a module), a relative import is
+    resolved against the file's package."""
+    package = list(path.relative_to(root).parts[:-1])  # a.b for a/b/c.py and for a/b/__init__.py
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] if node.level else [])
+            base = ".".join(filter(None, (base, node.module)))
+            found += [(node.lineno, base)] + [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def upward(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Each import of ``files`` of a module in ``ABOVE`` (or under one), as "file:line imports name"."""
+    return [f"{path.relative_to(root)}:{line} imports {name}" for path in files for line, name in imports(path, root)
+            if any(name == top or name.startswith(f"{top}.") for top in ABOVE)]
+
+
+def test_the_core_imports_nothing_above_it():
+    assert upward(core_files()) == []
+
+
+def test_an_upward_import_is_named_wherever_it_stands(tmp_path):
+    """A made-up core module with upward imports at the top, in a function and relative; the
+    harmless ones (the core itself, a name that only starts like one above) are not named."""
+    (tmp_path / "codegen" / "families").mkdir(parents=True)
+    for name in CORE:
+        if name != "families":
+            (tmp_path / "codegen" / f"{name}.py").write_text("")
+    (tmp_path / "codegen" / "families" / "__init__.py").write_text(
+        "import store.db\nfrom codegen import nn, sparse\nimport searchlight\n\n"
+        "def f():\n    from search.space import seeds\n    from ..cli import main\n    from . import simt\n")
+    assert upward(core_files(tmp_path), tmp_path) == [
+        "codegen/families/__init__.py:1 imports store.db",
+        "codegen/families/__init__.py:2 imports codegen.nn",
+        "codegen/families/__init__.py:6 imports search.space",
+        "codegen/families/__init__.py:6 imports search.space.seeds",
+        "codegen/families/__init__.py:7 imports codegen.cli",
+        "codegen/families/__init__.py:7 imports codegen.cli.main"]
+
+
+def test_the_layer_tools_would_not_pass_as_core():
+    """codegen.nn.tune searches (it sat in the core as codegen/tune.py before it moved up): listed as
+    a core module, its imports of search are named."""
+    found = upward([ROOT / "codegen" / "nn" / "tune.py"])
+    assert found and all(" imports search" in line for line in found)
