@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from codegen import families
 from codegen.cli.checks import check_cache, check_store, check_writable, open_store
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, UsageError
 from codegen.cli.options import (
@@ -29,12 +30,15 @@ from search import DEFAULT_SAMPLER, GPU_LOOKAHEAD, SAMPLERS
 def register(commands: Commands) -> None:
     p = commands.add("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
     add_problem_args(p)
-    add_family_arg(p, "whose space is searched")
+    p.add_argument("--family", choices=families.names(), action="append", default=None,
+                   help="kernel family to search; repeat it for several (default: every family that fits the "
+                        "problem on the GPU, with one budget over them: fp32 simt; fp16 and bf16 hopper (sm_90) "
+                        "and tensorcore, and direct for a block-sparse W; tf32 tensorcore)")
     p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
                    help=f"sampler (default {DEFAULT_SAMPLER}, chosen on the replay recordings: see README)")
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
     p.add_argument("--budget", type=positive_int, default=200,
-                   help="evaluated (compiled and run) trials, across resumed runs")
+                   help="evaluated (compiled and run) trials, across resumed runs and over every family searched")
     p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
     p.add_argument("--replay", type=Path, metavar="FILE",
                    help="answer from a recorded sweep, no GPU; trials are stored under a device named as a "
@@ -111,45 +115,53 @@ def say_seeds(say, seeding, quiet: bool) -> None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from codegen.versions import versions
-    from search.runner import run_search
+    from search.portfolio import Member, portfolio_space_name, run_portfolio
 
     say = printer(args.json)
     problem = problem_from_args(args)
     command = "codegen " + " ".join(sys.argv[1:])
     _check_sampler(args)
-    measurer, space, space_name, store = (_replayed if args.replay else _measured)(args, problem)
+    measurer, spaces, space_name, store = (_replayed if args.replay else _measured)(args, problem)
+    member_space = portfolio_space_name(space_name, [s.family for s in spaces])
     try:
-        seeding = search_seeds(args, problem, space, space_name, measurer, store)
+        if len(spaces) > 1:
+            say(f"families: {', '.join(s.family for s in spaces)}, one budget of {args.budget} trials over them "
+                f"(--family narrows it)")
+        members, seedings = [], {}
+        for space in spaces:
+            seeding = seedings[space.family] = search_seeds(args, problem, space, member_space, measurer, store)
+            say_seeds(say if len(spaces) == 1 else (lambda line, f=space.family: say(f"{f} {line}")), seeding,
+                      args.quiet)
+            members.append(Member(space.family, space, seeding.points))
     except BaseException:
         measurer.close()
         raise
-    say_seeds(say, seeding, args.quiet)
     try:
-        summary = run_search(problem, space, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
-                             space_name=space_name, store=store, lookahead=args.lookahead, progress=not args.quiet,
-                             command=command, versions=versions(), seeds=seeding.points)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run is marked ended; say how to resume
+        summary = run_portfolio(problem, members, measurer, sampler=args.sampler, seed=args.seed, budget=args.budget,
+                                space_name=space_name, store=store, lookahead=args.lookahead,
+                                progress=not args.quiet, command=command, versions=versions())
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the runs are marked ended; say how to resume
         print(f"codegen search: {e or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         measurer.close()
-    _report(say, args, problem, summary, measurer, store, seeding)
+    _report(say, args, problem, summary, measurer, store, seedings)
     return EXIT_OK if summary.best else EXIT_FAILURE
 
 
 def _check_sampler(args: argparse.Namespace) -> None:
-    """The gp sampler needs torch and scipy."""
-    if args.sampler == "gp":
-        try:
-            import scipy  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError as e:
-            raise UsageError(f"the gp sampler needs torch and scipy ({e.name} is missing): "
-                             f"pip install 'gemmscape[gp]', or pick another --sampler") from None
+    """A sampler that cannot run here (the gp sampler without torch and scipy) is a usage error."""
+    from search import samplers
+
+    why = samplers.missing(args.sampler)
+    if why:
+        raise UsageError(f"the {args.sampler} sampler {why}: pip install 'gemmscape[{args.sampler}]', "
+                         f"or pick another --sampler")
 
 
 def _replayed(args: argparse.Namespace, problem: Problem) -> tuple:
-    """A search over a recording (--replay), no GPU: its measurer, space, space name and store."""
+    """A search over a recording (--replay), no GPU: its measurer, the recorded family's space (in a
+    list), the space name and the store."""
     from search.measure import ReplayError, ReplayMeasurer
 
     try:
@@ -157,8 +169,8 @@ def _replayed(args: argparse.Namespace, problem: Problem) -> tuple:
     except ReplayError as e:
         raise UsageError(str(e)) from None
     space = measurer.space
-    if args.family and args.family != space.family:
-        raise UsageError(f"{args.replay} records the {space.family} family, not {args.family}")
+    if args.family and set(args.family) != {space.family}:
+        raise UsageError(f"{args.replay} records the {space.family} family, not {', '.join(args.family)}")
     store = None if args.no_store else open_store(args.db)
     where = (f"trials stored in {store.location} under the device \"{measurer.device['name']}\""
              if store is not None else "nothing stored (--no-store)")
@@ -167,25 +179,35 @@ def _replayed(args: argparse.Namespace, problem: Problem) -> tuple:
     if not measurer.hashes_known:
         print("note: this recording does not say which source each result measured (no source hashes); "
               "its results are not tied to today's templates", file=sys.stderr)
-    return measurer, space, "replay", store
+    return measurer, [space], "replay", store
+
+
+def _families_here(args: argparse.Namespace, problem: Problem, limits) -> list:
+    """The spaces searched: the families asked for (--family), else every family that fits the
+    problem on this device (search.fit); a family asked for that cannot compute the problem is a
+    usage error."""
+    from search.fit import chosen, fitting
+
+    fits = fitting(problem, limits, args.family, restricted=args.restricted)
+    if args.family:
+        for fit in fits:
+            if fit.space is None:
+                raise UsageError(f"the {fit.family} family generates no kernel for {problem.key}: {fit.why}")
+    spaces = [f.space for f in chosen(fits)]
+    if not spaces:
+        raise UsageError(f"no kernel family generates a kernel for {problem.key} here: "
+                         + "; ".join(f"{f.family}: {f.why}" for f in fits))
+    return spaces
 
 
 def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
-    """A search on the GPU (those of --gpus): its measurer, space, space name and store."""
-    from codegen.nn.tune import generated
+    """A search on the GPU (those of --gpus): its measurer, the families' spaces, the space name and
+    the store."""
     from search.measure import NoGpu
     from search.parallel import gpu_measurer
-    from search.space import space_for
 
     space_name = "restricted" if args.restricted else "full"
-    try:
-        space = space_for(family_of_args(args), problem.dtype, args.restricted, block=problem.block,
-                          layout=problem.layout)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    why = generated(problem, space)
-    if why is not None:
-        raise UsageError(f"the {space.family} family generates no kernel for {problem.key}: {why}")
+    _families_here(args, problem, None)  # what no GPU can change is refused before one is used
     check_cache()
     if not args.no_store:
         check_store(args.db)
@@ -198,14 +220,15 @@ def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
     except ValueError as e:  # --gpus naming GPUs that are not there, or of different models
         raise UsageError(str(e)) from None
     try:
+        spaces = _families_here(args, problem, measurer.limits)
         store = None if args.no_store else open_store(args.db)
     except BaseException:
         measurer.close()
         raise
-    return measurer, space, space_name, store
+    return measurer, spaces, space_name, store
 
 
-def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, store, seeding) -> None:
+def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, store, seedings: dict) -> None:
     """The search's summary lines (to stderr with --json) and with --json its JSON document."""
     best = summary.best
     say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
@@ -218,19 +241,25 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
         say("  failures: " + ", ".join(f"{k} {v}" for k, v in summary.failures.most_common()))
     if best:
         ratio = best.get("ratio", {}).get("cublas")
-        say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else ""))
+        say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else "")
+            + (f"  ({best['family']} family)" if len(summary.families) > 1 else ""))
     if args.replay and measurer.best:
         say(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
     if args.replay and store is not None:
         say(f"  stored under \"{measurer.device['name']}\": `codegen results`, `codegen export --best ...` and "
             f"`codegen app` show them, marked as a recording")
     if args.json:
+        one = next(iter(seedings.values()))
         print(json.dumps({"study": summary.study, "device": measurer.device, "recorded": bool(args.replay),
                           "store": store.location if store is not None else None,
                           "evaluated": summary.evaluated, "wall_s": summary.wall_s,
                           "gpu_wait_s": summary.gpu_wait_s, "best": best, "failures": dict(summary.failures),
-                          "history": summary.history, "stopped": summary.stopped, "seeds": seeding.to_dict(),
+                          "history": summary.history, "stopped": summary.stopped,
+                          "seeds": one.to_dict() if len(seedings) == 1 else {f: x.to_dict() for f, x in seedings.items()},
                           "sampler": args.sampler, "seeded": summary.seeded, "handover": summary.handover,
+                          "family": best["family"] if best else None,
+                          "families": {f: {"study": s.study, "evaluated": s.evaluated, "best": s.best,
+                                           "stopped": s.stopped} for f, s in summary.families.items()},
                           "proposals": {"all": summary.proposals, "sampler": summary.sampler_proposals,
                                         "valid": summary.valid_proposals, "new": summary.new_proposals,
                                         "replaced": summary.replaced, "valid_fraction": summary.valid_fraction},
