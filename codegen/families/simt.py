@@ -29,12 +29,16 @@ from codegen.launch import (
 )
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import (
-    LAYOUT_OF_SUFFIX,
     LAYOUT_SUFFIX,
     DeviceLimits,
     SpecData,
+    field_rules,
     layout_rules,
+    problem_rules,
+    reg_rules,
+    smem_rules,
     sparse_rules,
+    thread_rules,
 )
 
 NAME = "simt"
@@ -128,29 +132,14 @@ class Spec(SpecData):
         )
 
     _NAME = re.compile(
-        r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"simt_(?P<dtype>fp32|tf32|fp16|bf16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
         r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ardl]?)"
         r"(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
-    @classmethod
-    def from_name(cls, name: str) -> Spec:
-        match = cls._NAME.fullmatch(name)
-        if not match or match["dtype"] not in {d.value for d in DType}:
-            raise ValueError(f"not a SIMT kernel name: {name!r}")
-        g = match.groupdict()
-        spec = cls(
-            dtype=DType(g.pop("dtype")),
-            bias=g.pop("bias") == "bias",
-            reduce={m: r for r, m in REDUCE_MARK.items()}[g.pop("reduce")],
-            copy="async" if g.pop("copy") else "reg",
-            block=int(g.pop("block") or 0),
-            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
-            **{k: int(v) for k, v in g.items()},
-        )
-        assert spec.name == name
-        return spec
+    _MARKS = {"reduce": {m: r for r, m in REDUCE_MARK.items()}, "copy": {"": "reg", "c": "async"}}
+    _TITLE = "SIMT"
 
     # ---- derived geometry -----------------------------------------------------------------
     def _async_tile(self, rows: int, outer: bool) -> int:
@@ -240,11 +229,7 @@ class Spec(SpecData):
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
-        why: list[str] = []
-        positive = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k")
-        for name in positive:
-            if getattr(self, name) < 1:
-                why.append(f"{name} must be >= 1")
+        why = field_rules(self, positive=("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k"))
         if self.pad < 0:
             why.append("pad must be >= 0")
         if self.dtype not in DTYPES:
@@ -275,8 +260,7 @@ class Spec(SpecData):
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:
                 why.append("a block-sparse W is staged through shared memory: stages must be >= 1")
-        if self.threads > limits.max_threads:
-            why.append(f"{self.threads} threads per block > {limits.max_threads}")
+        why += thread_rules(self, limits)
         max_vec = 4 if self.dtype is DType.fp32 else 8
         if self.vec not in (1, 2, 4, 8) or self.vec > max_vec:
             why.append(f"vec must be a power of two up to {max_vec} for {self.dtype.value}")
@@ -304,12 +288,8 @@ class Spec(SpecData):
                     why.append("async copies (cp.async) need sm_80 or newer")
             elif (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
-            if self.smem_bytes > limits.max_smem:
-                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if self.regs_estimate > limits.max_regs_per_thread:
-            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
-        elif self.regs_estimate * self.threads > limits.regs_per_block:
-            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
+            why += smem_rules(self, limits)
+        why += reg_rules(self, limits)
         if self.reduce not in REDUCES:
             why.append(f"reduce must be one of {REDUCES}")
         elif (self.split_k == 1) != (self.reduce == "none"):
@@ -326,22 +306,8 @@ class Spec(SpecData):
                            "must be multiples of 4")
             if self.split_k > MAX_CLUSTER:
                 why.append(f"a cluster split-K has one block per split: split_k must be <= {MAX_CLUSTER}")
-            if self.smem_bytes > limits.max_smem:
-                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if problem is not None:
-            if problem.layout is not self.layout:
-                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
-            if problem.dtype is not self.dtype:
-                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
-            if problem.bias != self.bias:
-                why.append("spec and problem disagree on bias")
-            if problem.block != self.block:
-                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
-            step = max(self.bk, 1)
-            k_tiles = -(-problem.k // step)
-            if self.split_k > k_tiles:
-                why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
-        return why
+            why += smem_rules(self, limits)
+        return why + problem_rules(self, problem, k_tile=self.bk)
 
 
 # ---- template values ------------------------------------------------------------------------------
@@ -370,7 +336,6 @@ def template_values(spec: Spec) -> dict:
     size = spec.dtype.itemsize
     values = spec.to_dict()
     values.update(
-        dtype=spec.dtype.value,
         rm=spec.rm, rn=spec.rn, lanes_m=spec.lanes_m, lanes_n=spec.lanes_n, warps_n=spec.warps_n,
         threads=spec.threads,
         m_step=spec.lanes_m * spec.rm,  # rows between the fragments a lane owns
