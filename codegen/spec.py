@@ -1,7 +1,8 @@
-"""What every kernel family shares: device limits and the shape of a spec.
+"""What every kernel family shares: device limits, the shape of a spec (``SpecData``: its types,
+dict and name read back), and the rules every family's ``check`` applies alike (``*_rules``).
 
-A family's own spec (its dataclass, name, check and geometry) lives in ``codegen/families/<name>.py``;
-nothing here names a family's fields.
+A family's own spec (its dataclass, name, own rules and geometry) lives in
+``codegen/families/<name>.py``; nothing here names a family's own fields.
 """
 
 from __future__ import annotations
@@ -12,17 +13,26 @@ from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 from codegen.problem import DType, Layout, Problem
 
-__all__ = ["DeviceLimits", "KernelSpec", "LAYOUT_OF_SUFFIX", "LAYOUT_SUFFIX", "SpecData", "arch_rules", "dtype_rules", "field_rules",
-           "layout_rules", "problem_rules", "reg_rules", "resource_rules", "smem_rules", "sparse_rules",
-           "thread_rules"]
+__all__ = ["DeviceLimits", "KernelSpec", "LAYOUT_COMMENT", "LAYOUT_OF_SUFFIX", "LAYOUT_SUFFIX", "SpecData",
+           "arch_rules", "dtype_rules", "field_rules", "layout_comment", "layout_rules", "problem_rules",
+           "reg_rules", "resource_rules", "rows_aligned", "smem_rules", "sparse_rules", "thread_rules"]
 
 #: Block sizes a block-sparse W may have (codegen.sparse.BLOCKS).
 SPARSE_BLOCKS = (16, 32, 64)
+
+
 def k_outer(layout: Layout, block: int) -> tuple[bool, bool]:
     """Whether the left and the right operand are stored k-outer rather than k-contiguous: the left
     one ([K][M], dY) in grad_weight; the right one ([K][N]) in grad_weight (X) and in a dense
     grad_input (W). A block-sparse grad_input reads Wᵀ in BSR, whose blocks are k-contiguous."""
     return layout is Layout.grad_weight, layout is Layout.grad_weight or (layout is Layout.grad_input and not block)
+
+
+def rows_aligned(layout: Layout, block: int, unit: str) -> str:
+    """When every row of both operands is a whole number of ``unit`` elements, as a C condition:
+    the row length of each (K if k-contiguous, else M or N; see ``k_outer``)."""
+    a_t, w_t = k_outer(layout, block)
+    return " && ".join(f"{d} % {unit} == 0" for d in dict.fromkeys(["M" if a_t else "K", "N" if w_t else "K"]))
 
 
 def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False, part_rows: bool = False) -> list[str]:
@@ -46,6 +56,19 @@ def sparse_rules(block: int, bn: int, bk: int, blocks_per_tile: bool = False, pa
 #: What a kernel name adds for each backward layout (forward names carry none), and back.
 LAYOUT_SUFFIX = {Layout.forward: "", Layout.grad_input: "_gi", Layout.grad_weight: "_gw"}
 LAYOUT_OF_SUFFIX = {"": Layout.forward, "gi": Layout.grad_input, "gw": Layout.grad_weight}
+#: The GEMM of each backward layout in a kernel's argument names, for the source's header (for a
+#: block-sparse W, ``layout_comment``).
+LAYOUT_COMMENT = {
+    Layout.forward: "",
+    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
+    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
+    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
+}
+
+
+def layout_comment(layout: Layout, block: int) -> str:
+    """``LAYOUT_COMMENT`` of a layout, where a block-sparse grad_input reads Wᵀ in BSR."""
+    return LAYOUT_COMMENT["sparse_grad_input" if block and layout is Layout.grad_input else layout]
 
 
 def layout_rules(layout: Layout, bias: bool, block: int) -> list[str]:

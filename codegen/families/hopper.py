@@ -214,7 +214,8 @@ class Spec(SpecData):
     )
 
     _MARKS = {"persistent": {"": False, "_ps": True}, "grouped": {"": False, "g": True},
-              "prepass": {"": "none", "_pk": "pack"}, "a_regs": {"": False, "_ar": True}, "swap": {"": False, "_sw": True}}
+              "prepass": {"": "none", "_pk": "pack"}, "a_regs": {"": False, "_ar": True},
+              "swap": {"": False, "_sw": True}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property

@@ -33,9 +33,11 @@ from codegen.spec import (
     DeviceLimits,
     SpecData,
     field_rules,
+    layout_comment,
     layout_rules,
     problem_rules,
     reg_rules,
+    rows_aligned,
     smem_rules,
     sparse_rules,
     thread_rules,
@@ -311,26 +313,6 @@ class Spec(SpecData):
 
 
 # ---- template values ------------------------------------------------------------------------------
-def _row_condition(spec: Spec, unit: str) -> str:
-    """When every row of both operands starts ``unit``-aligned, as a C condition: the row length of
-    each (K if k-contiguous, else M or N; a BSR W's blocks are always aligned)."""
-    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
-    return "(" + " && ".join(f"{d} % {unit} == 0" for d in dims) + ")"
-
-
-def _comment(spec: Spec) -> str:
-    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
-
-
-#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
-COMMENT = {
-    Layout.forward: "",
-    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
-    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
-    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
-}
-
-
 def template_values(spec: Spec) -> dict:
     """Every number templates/simt.cu.j2 uses, derived here once (the template only spells CUDA)."""
     size = spec.dtype.itemsize
@@ -357,8 +339,9 @@ def template_values(spec: Spec) -> dict:
         bias=spec.bias and spec.layout is Layout.forward, fused_db=spec.fused_db,
         db=spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db,
         db_per=-(-spec.bm // spec.threads), slice=spec.bm * spec.bn // spec.split_k,  # fused db; cluster split-K
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec),
-        vec_cond=_row_condition(spec, "VEC"),  # every row of both operands VEC-aligned
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=layout_comment(spec.layout, spec.block),
+        # every row of both operands VEC-aligned (a BSR W's blocks always are)
+        vec_cond="(" + rows_aligned(spec.layout, spec.block, "VEC") + ")",
     )  # fmt: skip
     if spec.copy == "async":
         sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
@@ -425,7 +408,7 @@ def grid_rule(spec: Spec) -> str:
                  f"the splits of a tile reduce through distributed shared memory, no workspace")
     if spec.layout is not Layout.forward:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
-        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), " + (
+        rule += f"; arguments Y, X, W are {', '.join(slots)} ({layout_comment(spec.layout, spec.block)}), " + (
             "B is DB (db[M] = sum over the K rows of DY, written by the blocks of the first block column)"
             if spec.fused_db else "B is null")
     if spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db:

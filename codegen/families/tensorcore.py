@@ -52,9 +52,11 @@ from codegen.spec import (
     arch_rules,
     dtype_rules,
     field_rules,
+    layout_comment,
     layout_rules,
     problem_rules,
     resource_rules,
+    rows_aligned,
     sparse_rules,
 )
 
@@ -119,8 +121,8 @@ class Spec(SpecData):
         r"(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
-    _MARKS = {"mma": {m: m for m in MMAS}, "smem": {"x": "swizzle", "p": "pad"}, "epilogue": {"d": "direct", "s": "smem"},
-              "reduce": {m: r for r, m in REDUCE_MARK.items()}, "prepass": {"": "none", "_pk": "pack"}}
+    _MARKS = {"mma": {m: m for m in MMAS}, "smem": {"x": "swizzle", "p": "pad"},
+              "epilogue": {"d": "direct", "s": "smem"}, "reduce": {m: r for r, m in REDUCE_MARK.items()}, "prepass": {"": "none", "_pk": "pack"}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property
@@ -268,26 +270,6 @@ MMA_PTX = {
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2", DType.tf32: "float2"}
 
 
-#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
-COMMENT = {
-    Layout.forward: "",
-    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
-    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
-    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
-}
-
-
-def _row_condition(spec: Spec) -> str:
-    """When 16-byte cp.async is safe, as a C condition: the row length of each operand a whole
-    number of chunks (K if k-contiguous, else M or N)."""
-    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
-    return " && ".join(f"{d} % CE == 0" for d in dims)
-
-
-def _comment(spec: Spec) -> str:
-    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
-
-
 def _shift(chunks: int) -> int:
     """Swizzle shift of a tile with ``chunks`` 16-byte chunks per row: log2 of rows per 128-byte line."""
     return max(1, 8 // max(chunks, 1)).bit_length() - 1
@@ -325,7 +307,8 @@ def template_values(spec: Spec) -> dict:
         a_shift=_shift(spec.bm // spec.chunk_elems), a_mask=min(spec.bm // spec.chunk_elems, 8) - 1,
         w_shift=_shift(spec.bn // spec.chunk_elems), w_mask=min(spec.bn // spec.chunk_elems, 8) - 1,
         bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec), align_cond=_row_condition(spec),
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=layout_comment(spec.layout, spec.block),
+        align_cond=rows_aligned(spec.layout, spec.block, "CE"),  # 16-byte cp.async is safe
         staged=spec.staged,
         c_stride=spec.c_stride,
         out_vec=16 // spec.elem,
@@ -388,7 +371,7 @@ def grid_rule(spec: Spec) -> str:
         parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
     if spec.layout is not Layout.forward:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
-        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null")
+        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({layout_comment(spec.layout, spec.block)}), B is null")
     if spec.bias and spec.layout is Layout.grad_weight:
         parts.append("then " + db_rule(spec.name))
     return "; ".join(parts)
