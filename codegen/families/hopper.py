@@ -298,6 +298,27 @@ class Spec(SpecData):
             return why
         if limits.sm != 90:
             why.append(f"the {NAME} family needs sm_90 (wgmma and setmaxnreg are sm_90a instructions), not sm_{limits.sm}")
+        why += self._tile_rules() + self._option_rules()
+        if why:
+            return why
+        budget = self.consumer_regs
+        if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
+            frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
+            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
+                       f"registers a consumer gets: make bm/consumers x bn smaller")
+        why += thread_rules(self, limits) + smem_rules(self, limits)
+        if self.smem_bytes <= limits.max_smem and self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:
+            # 1 KiB per block is the system's
+            why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
+                       f"{limits.max_smem + 1024} B of a multiprocessor")
+        why += problem_rules(self, problem)
+        if problem is not None and problem.block == self.block:
+            why += _pitch_rules(self, problem)
+        return why
+
+    def _tile_rules(self) -> list[str]:
+        """What the tile, the ring and a block-sparse W's blocks must be."""
+        why: list[str] = []
         if self.swap:
             if self.bm % (16 * self.consumers) or not 16 <= self.wg_m <= 256:
                 why.append(f"bm {self.bm} must be a multiple of 16 x {self.consumers} consumer warpgroup(s) with swap "
@@ -325,6 +346,11 @@ class Spec(SpecData):
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if self.grouped and not (self.block and self.persistent):
             why.append("grouped orders a persistent grid over a block-sparse W: it needs block > 0 and persistent")
+        return why
+
+    def _option_rules(self) -> list[str]:
+        """What each option (the backward layouts, a cluster, a_regs, split-K) is generated with."""
+        why: list[str] = []
         if self.layout is not Layout.forward:
             why += layout_rules(self.layout, self.bias, self.block)
             if self.block and self.layout is Layout.grad_input:
@@ -361,23 +387,7 @@ class Spec(SpecData):
                            "cluster must be 1")
             if self.persistent:
                 why.append("split_k > 1 launches one block per (tile, split) on a plain grid: persistent must be false")
-        if why:
-            return why
-        budget = self.consumer_regs
-        if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
-            frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
-            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
-                       f"registers a consumer gets: make bm/consumers x bn smaller")
-        why += thread_rules(self, limits) + smem_rules(self, limits)
-        if self.smem_bytes <= limits.max_smem and self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:
-            # 1 KiB per block is the system's
-            why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
-                       f"{limits.max_smem + 1024} B of a multiprocessor")
-        why += problem_rules(self, problem)
-        if problem is not None and problem.block == self.block:
-            why += _pitch_rules(self, problem)
         return why
-
 
 def _pitch_rules(spec: Spec, problem: Problem) -> list[str]:
     """The 16-byte row pitches TMA needs of the operands' rows in the problem."""

@@ -262,7 +262,12 @@ class Spec(SpecData):
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:
                 why.append("a block-sparse W is staged through shared memory: stages must be >= 1")
-        why += thread_rules(self, limits)
+        why += thread_rules(self, limits) + self._load_rules(limits) + reg_rules(self, limits) + self._reduce_rules(limits)
+        return why + problem_rules(self, problem, k_tile=self.bk)
+
+    def _load_rules(self, limits: DeviceLimits) -> list[str]:
+        """What the global loads and the shared-memory tiles they fill must be."""
+        why: list[str] = []
         max_vec = 4 if self.dtype is DType.fp32 else 8
         if self.vec not in (1, 2, 4, 8) or self.vec > max_vec:
             why.append(f"vec must be a power of two up to {max_vec} for {self.dtype.value}")
@@ -291,7 +296,11 @@ class Spec(SpecData):
             elif (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
             why += smem_rules(self, limits)
-        why += reg_rules(self, limits)
+        return why
+
+    def _reduce_rules(self, limits: DeviceLimits) -> list[str]:
+        """What each split-K reduction needs."""
+        why: list[str] = []
         if self.reduce not in REDUCES:
             why.append(f"reduce must be one of {REDUCES}")
         elif (self.split_k == 1) != (self.reduce == "none"):
@@ -309,7 +318,7 @@ class Spec(SpecData):
             if self.split_k > MAX_CLUSTER:
                 why.append(f"a cluster split-K has one block per split: split_k must be <= {MAX_CLUSTER}")
             why += smem_rules(self, limits)
-        return why + problem_rules(self, problem, k_tile=self.bk)
+        return why
 
 
 # ---- template values ------------------------------------------------------------------------------
