@@ -134,6 +134,13 @@ def test_from_name_rejects_foreign_names(name):
         SimtSpec.from_name(name)
 
 
+@pytest.mark.parametrize("name", ["simt_fp32_nobias_064x64x16_w16x32_t4x4_p4_v4_s2_g1_k1",
+                                  "simt_fp32_nobias_64x64x16_w16x32_t4x4_p4_v4_s2_g1_k1_bsr0"])
+def test_from_name_rejects_non_canonical_names(name):
+    with pytest.raises(ValueError, match="not a canonical SIMT kernel name"):
+        SimtSpec.from_name(name)
+
+
 def test_spec_is_frozen_and_typed():
     with pytest.raises(AttributeError):
         BLOCKED.bm = 128  # type: ignore[misc]

@@ -2,8 +2,10 @@
 
 A family module provides ``NAME``, a frozen dataclass ``Spec`` (``family``, ``dtype``, ``bias`` and
 its own variant fields; ``name``, ``from_name``, ``to_dict``, ``from_dict``, ``check``, ``threads``,
-``smem_bytes``), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, problem)``
-and ``grid_rule(spec)``; optionally ``headers(spec)`` (toolkit headers the source includes) and
+``smem_bytes``: mixing in ``codegen.spec.SpecData`` gives the dict round trip, and ``from_name``
+from the family's ``_NAME`` and ``_MARKS``; ``codegen.spec`` has the rules every ``check``
+shares), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, problem)`` and
+``grid_rule(spec)``; optionally ``headers(spec)`` (toolkit headers the source includes) and
 ``compile_target(arch)`` (the -arch NVRTC gets on a device of ``arch``, e.g. sm_90 -> sm_90a for
 arch-specific instructions). Everything outside the family finds it here and never names its fields.
 """

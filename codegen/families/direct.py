@@ -20,8 +20,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from codegen.launch import BSR_ARGS, SPARSE_ARGS, KernelLaunch, LaunchPlan
-from codegen.problem import DType, Layout, Problem
-from codegen.spec import SPARSE_BLOCKS, DeviceLimits, SpecData
+from codegen.problem import DType, Problem
+from codegen.spec import (
+    SPARSE_BLOCKS,
+    DeviceLimits,
+    SpecData,
+    arch_rules,
+    dtype_rules,
+    problem_rules,
+    resource_rules,
+)
 
 NAME = "direct"
 DTYPES = (DType.bf16, DType.fp16)
@@ -57,17 +65,6 @@ class Spec(SpecData):
     _NAME = re.compile(r"dr_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)_w(?P<warps>\d+)"
                        r"_d(?P<depth>\d+)_bsr(?P<block>\d+)")
 
-    @classmethod
-    def from_name(cls, name: str) -> Spec:
-        match = cls._NAME.fullmatch(name)
-        if not match:
-            raise ValueError(f"not a {NAME} kernel name: {name!r}")
-        g = match.groupdict()
-        spec = cls(dtype=DType(g.pop("dtype")), bias=g.pop("bias") == "bias", **{k: int(v) for k, v in g.items()})
-        if spec.name != name:
-            raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
-        return spec
-
     # ---- derived geometry -----------------------------------------------------------------
     @property
     def k_steps(self) -> int:
@@ -93,9 +90,7 @@ class Spec(SpecData):
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
-        why: list[str] = []
-        if self.dtype not in DTYPES:
-            why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value}")
+        why = dtype_rules(self, DTYPES)
         if self.block not in SPARSE_BLOCKS:
             why.append(f"the {NAME} family is generated for a block-sparse W: block must be one of {SPARSE_BLOCKS}, "
                        f"got {self.block}")
@@ -109,34 +104,15 @@ class Spec(SpecData):
             why.append(f"depth must be 1 to 4, got {self.depth}")
         if why:
             return why
-        if limits.sm < 80:
-            why.append(f"the {NAME} family needs sm_80 or newer (mma.sync bf16)")
-        if self.threads > limits.max_threads:
-            why.append(f"{self.threads} threads per block > {limits.max_threads}")
-        if self.smem_bytes > limits.max_smem:
-            why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if self.regs_estimate > limits.max_regs_per_thread:
-            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
-        elif self.regs_estimate * self.threads > limits.regs_per_block:
-            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
-        if problem is not None:
-            if problem.layout is not Layout.forward:
-                why.append(f"the {NAME} family generates the forward layout only, not {problem.layout.value}")
-            if problem.dtype is not self.dtype:
-                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
-            if problem.bias != self.bias:
-                why.append("spec and problem disagree on bias")
-            if problem.block != self.block:
-                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W; the {NAME} family "
-                           f"needs a block-sparse one)")
-        return why
+        return (arch_rules(self, limits, 80, "mma.sync bf16") + resource_rules(self, limits)
+                + problem_rules(self, problem, sparse_only=True))
 
 
 # ---- template values and launch plan --------------------------------------------------------
 def template_values(spec: Spec) -> dict:
     """Every number the template uses, computed here once."""
     values = spec.to_dict()
-    values.update(name=spec.name, dtype=spec.dtype.value, threads=spec.threads, frag_m=spec.bm // 16,
+    values.update(name=spec.name, threads=spec.threads, frag_m=spec.bm // 16,
                   frag_n=spec.bn // 8, k_steps=spec.k_steps, c_stride=spec.bn + C_PAD, mma_ptx=MMA_PTX[spec.dtype],
                   out_vecs_per_row=spec.bn // 8)
     return values

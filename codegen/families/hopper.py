@@ -103,7 +103,18 @@ from codegen.launch import (
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
-from codegen.spec import LAYOUT_OF_SUFFIX, LAYOUT_SUFFIX, DeviceLimits, SpecData, layout_rules, sparse_rules
+from codegen.spec import (
+    LAYOUT_SUFFIX,
+    DeviceLimits,
+    SpecData,
+    dtype_rules,
+    field_rules,
+    layout_rules,
+    problem_rules,
+    smem_rules,
+    sparse_rules,
+    thread_rules,
+)
 
 NAME = "hopper"
 DTYPES = (DType.bf16, DType.fp16)
@@ -204,31 +215,9 @@ class Spec(SpecData):
         r"(?:_o(?P<ctas>\d+))?(?:_cl(?P<cluster>\d+))?(?:_k(?P<split_k>\d+))?(?P<a_regs>(_ar)?)(?P<swap>(_sw)?)(?:_(?P<layout>gi|gw))?"
     )
 
-    @classmethod
-    def from_name(cls, name: str) -> Spec:
-        match = cls._NAME.fullmatch(name)
-        if not match:
-            raise ValueError(f"not a {NAME} kernel name: {name!r}")
-        g = match.groupdict()
-        g.pop("bk")
-        spec = cls(
-            dtype=DType(g.pop("dtype")),
-            bias=g.pop("bias") == "bias",
-            persistent=bool(g.pop("persistent")),
-            grouped=bool(g.pop("grouped")),
-            prepass="pack" if g.pop("prepass") else "none",
-            block=int(g.pop("block") or 0),
-            ctas=int(g.pop("ctas") or 1),
-            cluster=int(g.pop("cluster") or 1),
-            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
-            split_k=int(g.pop("split_k") or 1),
-            a_regs=bool(g.pop("a_regs")),
-            swap=bool(g.pop("swap")),
-            **{k: int(v) for k, v in g.items()},
-        )
-        if spec.name != name:
-            raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
-        return spec
+    _MARKS = {"persistent": {"": False, "_ps": True}, "grouped": {"": False, "g": True},
+              "prepass": {"": "none", "_pk": "pack"}, "a_regs": {"": False, "_ar": True},
+              "swap": {"": False, "_sw": True}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property
@@ -303,24 +292,35 @@ class Spec(SpecData):
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
-        why: list[str] = []
-        for name in ("bm", "bn", "stages", "group_m", "split_k"):
-            if getattr(self, name) < 1:
-                why.append(f"{name} must be >= 1")
-        if self.prepass not in PREPASSES:
-            why.append(f"prepass must be one of {PREPASSES}, got {self.prepass!r}")
-        if self.consumers not in CONSUMERS:
-            why.append(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
-        if self.ctas not in CTAS:
-            why.append(f"ctas must be one of {CTAS}, got {self.ctas}")
-        if self.cluster not in CLUSTERS:
-            why.append(f"cluster must be one of {CLUSTERS}, got {self.cluster}")
-        if self.dtype not in DTYPES:
-            why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value}")
+        why = field_rules(self, positive=("bm", "bn", "stages", "group_m", "split_k"),
+                          choices=(("prepass", PREPASSES), ("consumers", CONSUMERS), ("ctas", CTAS),
+                                   ("cluster", CLUSTERS)))
+        why += dtype_rules(self, DTYPES)
         if why:
             return why
         if limits.sm != 90:
             why.append(f"the {NAME} family needs sm_90 (wgmma and setmaxnreg are sm_90a instructions), not sm_{limits.sm}")
+        why += self._tile_rules() + self._option_rules()
+        if why:
+            return why
+        budget = self.consumer_regs
+        if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
+            frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
+            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
+                       f"registers a consumer gets: make bm/consumers x bn smaller")
+        why += thread_rules(self, limits) + smem_rules(self, limits)
+        if self.smem_bytes <= limits.max_smem and self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:
+            # 1 KiB per block is the system's
+            why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
+                       f"{limits.max_smem + 1024} B of a multiprocessor")
+        why += problem_rules(self, problem)
+        if problem is not None and problem.block == self.block:
+            why += _pitch_rules(self, problem)
+        return why
+
+    def _tile_rules(self) -> list[str]:
+        """What the tile, the ring and a block-sparse W's blocks must be."""
+        why: list[str] = []
         if self.swap:
             if self.bm % (16 * self.consumers) or not 16 <= self.wg_m <= 256:
                 why.append(f"bm {self.bm} must be a multiple of 16 x {self.consumers} consumer warpgroup(s) with swap "
@@ -348,6 +348,11 @@ class Spec(SpecData):
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if self.grouped and not (self.block and self.persistent):
             why.append("grouped orders a persistent grid over a block-sparse W: it needs block > 0 and persistent")
+        return why
+
+    def _option_rules(self) -> list[str]:
+        """What each option (the backward layouts, a cluster, a_regs, split-K) is generated with."""
+        why: list[str] = []
         if self.layout is not Layout.forward:
             why += layout_rules(self.layout, self.bias, self.block)
             if self.block and self.layout is Layout.grad_input:
@@ -384,45 +389,24 @@ class Spec(SpecData):
                            "cluster must be 1")
             if self.persistent:
                 why.append("split_k > 1 launches one block per (tile, split) on a plain grid: persistent must be false")
-        if why:
-            return why
-        budget = self.consumer_regs
-        if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
-            frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
-            why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
-                       f"registers a consumer gets: make bm/consumers x bn smaller")
-        if self.threads > limits.max_threads:
-            why.append(f"{self.threads} threads per block > {limits.max_threads}")
-        if self.smem_bytes > limits.max_smem:
-            why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        elif self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:  # 1 KiB per block is the system's
-            why.append(f"shared memory {self.smem_bytes} B per block: {self.ctas} blocks (+1 KiB each) exceed the "
-                       f"{limits.max_smem + 1024} B of a multiprocessor")
-        if problem is not None:
-            if problem.layout is not self.layout:
-                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
-            if problem.dtype is not self.dtype:
-                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
-            if problem.bias != self.bias:
-                why.append("spec and problem disagree on bias")
-            if problem.block != self.block:
-                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
-            elif self.block and problem.k * self.elem % 16:
-                why.append(f"K={problem.k}: rows of X are {problem.k * self.elem} bytes apart, not a multiple of 16 as "
-                           f"TMA needs, and a block-sparse W has no pack prepass: use the tensorcore family")
-            elif self.layout is not Layout.forward:
-                pitches = {"M": problem.m} if self.a_t else {"K": problem.k}
-                pitches["N"] = problem.n
-                bad = [f"{d}={v}" for d, v in pitches.items() if v * self.elem % 16]
-                if bad:
-                    why.append(f"{' and '.join(bad)}: the {self.layout.value} layout reads rows of that many "
-                               f"elements, which TMA needs in whole 16-byte units (the backward layouts have no "
-                               f"pack prepass): use the tensorcore family")
-            elif problem.k * self.elem % 16 and self.prepass != "pack":
-                why.append(f"K={problem.k}: rows of X and W are {problem.k * self.elem} bytes apart, not a multiple "
-                           f"of 16 as TMA needs; use prepass='pack' (rows copied to a 16-byte pitch first) "
-                           f"or the tensorcore family")
         return why
+
+def _pitch_rules(spec: Spec, problem: Problem) -> list[str]:
+    """The 16-byte row pitches TMA needs of the operands' rows in the problem."""
+    if spec.block and problem.k * spec.elem % 16:
+        return [f"K={problem.k}: rows of X are {problem.k * spec.elem} bytes apart, not a multiple of 16 as TMA needs, "
+                f"and a block-sparse W has no pack prepass: use the tensorcore family"]
+    if spec.layout is not Layout.forward:
+        pitches = {"M": problem.m} if spec.a_t else {"K": problem.k}
+        pitches["N"] = problem.n
+        bad = [f"{d}={v}" for d, v in pitches.items() if v * spec.elem % 16]
+        return [f"{' and '.join(bad)}: the {spec.layout.value} layout reads rows of that many elements, which TMA "
+                f"needs in whole 16-byte units (the backward layouts have no pack prepass): use the tensorcore "
+                f"family"] if bad else []
+    if problem.k * spec.elem % 16 and spec.prepass != "pack":
+        return [f"K={problem.k}: rows of X and W are {problem.k * spec.elem} bytes apart, not a multiple of 16 as TMA "
+                f"needs; use prepass='pack' (rows copied to a 16-byte pitch first) or the tensorcore family"]
+    return []
 
 
 # ---- template values and launch plan --------------------------------------------------------
@@ -441,7 +425,6 @@ def template_values(spec: Spec) -> dict:
     box_bytes = MN_BOX * spec.elem * spec.bk  # a k-outer box: MN_BOX elements by bk k-rows
     values.update(
         name=spec.name,
-        dtype=spec.dtype.value,
         bk=spec.bk,
         balanced=bool(spec.block and spec.persistent and not spec.grouped),
         threads=spec.threads,

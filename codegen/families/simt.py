@@ -29,12 +29,18 @@ from codegen.launch import (
 )
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import (
-    LAYOUT_OF_SUFFIX,
     LAYOUT_SUFFIX,
     DeviceLimits,
     SpecData,
+    field_rules,
+    layout_comment,
     layout_rules,
+    problem_rules,
+    reg_rules,
+    rows_aligned,
+    smem_rules,
     sparse_rules,
+    thread_rules,
 )
 
 NAME = "simt"
@@ -132,29 +138,14 @@ class Spec(SpecData):
         )
 
     _NAME = re.compile(
-        r"simt_(?P<dtype>[a-z0-9]+)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+        r"simt_(?P<dtype>fp32|tf32|fp16|bf16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
         r"_w(?P<wm>\d+)x(?P<wn>\d+)_t(?P<tm>\d+)x(?P<tn>\d+)_p(?P<pad>\d+)_v(?P<vec>\d+)"
         r"_s(?P<stages>\d+)(?P<copy>c?)_g(?P<group_m>\d+)_k(?P<split_k>\d+)(?P<reduce>[ardl]?)"
         r"(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
-    @classmethod
-    def from_name(cls, name: str) -> Spec:
-        match = cls._NAME.fullmatch(name)
-        if not match or match["dtype"] not in {d.value for d in DType}:
-            raise ValueError(f"not a SIMT kernel name: {name!r}")
-        g = match.groupdict()
-        spec = cls(
-            dtype=DType(g.pop("dtype")),
-            bias=g.pop("bias") == "bias",
-            reduce={m: r for r, m in REDUCE_MARK.items()}[g.pop("reduce")],
-            copy="async" if g.pop("copy") else "reg",
-            block=int(g.pop("block") or 0),
-            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
-            **{k: int(v) for k, v in g.items()},
-        )
-        assert spec.name == name
-        return spec
+    _MARKS = {"reduce": {m: r for r, m in REDUCE_MARK.items()}, "copy": {"": "reg", "c": "async"}}
+    _TITLE = "SIMT"
 
     # ---- derived geometry -----------------------------------------------------------------
     def _async_tile(self, rows: int, outer: bool) -> int:
@@ -244,11 +235,7 @@ class Spec(SpecData):
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
-        why: list[str] = []
-        positive = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k")
-        for name in positive:
-            if getattr(self, name) < 1:
-                why.append(f"{name} must be >= 1")
+        why = field_rules(self, positive=("bm", "bn", "bk", "wm", "wn", "tm", "tn", "vec", "group_m", "split_k"))
         if self.pad < 0:
             why.append("pad must be >= 0")
         if self.dtype not in DTYPES:
@@ -279,8 +266,12 @@ class Spec(SpecData):
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:
                 why.append("a block-sparse W is staged through shared memory: stages must be >= 1")
-        if self.threads > limits.max_threads:
-            why.append(f"{self.threads} threads per block > {limits.max_threads}")
+        why += thread_rules(self, limits) + self._load_rules(limits) + reg_rules(self, limits) + self._reduce_rules(limits)
+        return why + problem_rules(self, problem, k_tile=self.bk)
+
+    def _load_rules(self, limits: DeviceLimits) -> list[str]:
+        """What the global loads and the shared-memory tiles they fill must be."""
+        why: list[str] = []
         max_vec = 4 if self.dtype is DType.fp32 else 8
         if self.vec not in (1, 2, 4, 8) or self.vec > max_vec:
             why.append(f"vec must be a power of two up to {max_vec} for {self.dtype.value}")
@@ -308,12 +299,12 @@ class Spec(SpecData):
                     why.append("async copies (cp.async) need sm_80 or newer")
             elif (self.bm + self.pad) % self.rm or (self.bn + self.pad) % self.rn:
                 why.append(f"pad {self.pad} breaks the {self.rm}/{self.rn}-wide fragment alignment")
-            if self.smem_bytes > limits.max_smem:
-                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if self.regs_estimate > limits.max_regs_per_thread:
-            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
-        elif self.regs_estimate * self.threads > limits.regs_per_block:
-            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
+            why += smem_rules(self, limits)
+        return why
+
+    def _reduce_rules(self, limits: DeviceLimits) -> list[str]:
+        """What each split-K reduction needs."""
+        why: list[str] = []
         if self.reduce not in REDUCES:
             why.append(f"reduce must be one of {REDUCES}")
         elif (self.split_k == 1) != (self.reduce == "none"):
@@ -330,51 +321,16 @@ class Spec(SpecData):
                            "must be multiples of 4")
             if self.split_k > MAX_CLUSTER:
                 why.append(f"a cluster split-K has one block per split: split_k must be <= {MAX_CLUSTER}")
-            if self.smem_bytes > limits.max_smem:
-                why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if problem is not None:
-            if problem.layout is not self.layout:
-                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
-            if problem.dtype is not self.dtype:
-                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
-            if problem.bias != self.bias:
-                why.append("spec and problem disagree on bias")
-            if problem.block != self.block:
-                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
-            step = max(self.bk, 1)
-            k_tiles = -(-problem.k // step)
-            if self.split_k > k_tiles:
-                why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
+            why += smem_rules(self, limits)
         return why
 
 
 # ---- template values ------------------------------------------------------------------------------
-def _row_condition(spec: Spec, unit: str) -> str:
-    """When every row of both operands starts ``unit``-aligned, as a C condition: the row length of
-    each (K if k-contiguous, else M or N; a BSR W's blocks are always aligned)."""
-    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
-    return "(" + " && ".join(f"{d} % {unit} == 0" for d in dims) + ")"
-
-
-def _comment(spec: Spec) -> str:
-    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
-
-
-#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
-COMMENT = {
-    Layout.forward: "",
-    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
-    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
-    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
-}
-
-
 def template_values(spec: Spec) -> dict:
     """Every number templates/simt.cu.j2 uses, derived here once (the template only spells CUDA)."""
     size = spec.dtype.itemsize
     values = spec.to_dict()
     values.update(
-        dtype=spec.dtype.value,
         rm=spec.rm, rn=spec.rn, lanes_m=spec.lanes_m, lanes_n=spec.lanes_n, warps_n=spec.warps_n,
         threads=spec.threads,
         m_step=spec.lanes_m * spec.rm,  # rows between the fragments a lane owns
@@ -396,8 +352,9 @@ def template_values(spec: Spec) -> dict:
         bias=spec.bias and spec.layout is Layout.forward, fused_db=spec.fused_db,
         db=spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db,
         db_per=-(-spec.bm // spec.threads), slice=spec.bm * spec.bn // spec.split_k,  # fused db; cluster split-K
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec),
-        vec_cond=_row_condition(spec, "VEC"),  # every row of both operands VEC-aligned
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=layout_comment(spec.layout, spec.block),
+        # every row of both operands VEC-aligned (a BSR W's blocks always are)
+        vec_cond="(" + rows_aligned(spec.layout, spec.block, "VEC") + ")",
     )  # fmt: skip
     if spec.copy == "async":
         sk = spec.bk + spec.pad  # k-contiguous rows, in elements of the input type
@@ -464,7 +421,7 @@ def grid_rule(spec: Spec) -> str:
                  f"the splits of a tile reduce through distributed shared memory, no workspace")
     if spec.layout is not Layout.forward:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
-        rule += f"; arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), " + (
+        rule += f"; arguments Y, X, W are {', '.join(slots)} ({layout_comment(spec.layout, spec.block)}), " + (
             "B is DB (db[M] = sum over the K rows of DY, written by the blocks of the first block column)"
             if spec.fused_db else "B is null")
     if spec.bias and spec.layout is Layout.grad_weight and not spec.fused_db:

@@ -46,11 +46,17 @@ from codegen.launch import (
 )
 from codegen.problem import DType, Layout, Problem
 from codegen.spec import (
-    LAYOUT_OF_SUFFIX,
     LAYOUT_SUFFIX,
     DeviceLimits,
     SpecData,
+    arch_rules,
+    dtype_rules,
+    field_rules,
+    layout_comment,
     layout_rules,
+    problem_rules,
+    resource_rules,
+    rows_aligned,
     sparse_rules,
 )
 
@@ -62,6 +68,8 @@ MMAS = ("mma", "wmma")
 LAYOUTS = ("swizzle", "pad")
 EPILOGUES = ("direct", "smem")
 REDUCES = ("none", "atomic", "two_pass")
+#: The mark of each reduction in a kernel name (after k<splits>).
+REDUCE_MARK = {"none": "", "atomic": "a", "two_pass": "r"}
 PREPASSES = ("none", "pack")
 C_PAD = 8  # floats of padding per row of the staged fp32 output tile (conflict-free pair stores)
 
@@ -99,7 +107,7 @@ class Spec(SpecData):
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        red = {"none": "", "atomic": "a", "two_pass": "r"}.get(self.reduce, "?")
+        red = REDUCE_MARK.get(self.reduce, "?")
         return (
             f"tc_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.mma}"
             f"_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}x{self.warps_k}"
@@ -115,27 +123,8 @@ class Spec(SpecData):
         r"(?P<prepass>(_pk)?)(?:_bsr(?P<block>\d+))?(?:_(?P<layout>gi|gw))?"
     )
 
-    @classmethod
-    def from_name(cls, name: str) -> Spec:
-        match = cls._NAME.fullmatch(name)
-        if not match:
-            raise ValueError(f"not a {NAME} kernel name: {name!r}")
-        g = match.groupdict()
-        spec = cls(
-            dtype=DType(g.pop("dtype")),
-            bias=g.pop("bias") == "bias",
-            mma=g.pop("mma"),
-            smem="swizzle" if g.pop("smem") == "x" else "pad",
-            epilogue="direct" if g.pop("epilogue") == "d" else "smem",
-            reduce={"": "none", "a": "atomic", "r": "two_pass"}[g.pop("reduce")],
-            prepass="pack" if g.pop("prepass") else "none",
-            block=int(g.pop("block") or 0),
-            layout=LAYOUT_OF_SUFFIX[g.pop("layout") or ""],
-            **{k: int(v) for k, v in g.items()},
-        )
-        if spec.name != name:
-            raise ValueError(f"not a canonical {NAME} kernel name: {name!r} (canonical: {spec.name})")
-        return spec
+    _MARKS = {"mma": {m: m for m in MMAS}, "smem": {"x": "swizzle", "p": "pad"},
+              "epilogue": {"d": "direct", "s": "smem"}, "reduce": {m: r for r, m in REDUCE_MARK.items()}, "prepass": {"": "none", "_pk": "pack"}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property
@@ -224,21 +213,13 @@ class Spec(SpecData):
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
-        why: list[str] = []
-        for name in ("bm", "bn", "bk", "wm", "wn", "warps_k", "stages", "group_m", "split_k"):
-            if getattr(self, name) < 1:
-                why.append(f"{name} must be >= 1")
-        for name, allowed in (("mma", MMAS), ("smem", LAYOUTS), ("epilogue", EPILOGUES), ("reduce", REDUCES),
-                              ("prepass", PREPASSES)):
-            if getattr(self, name) not in allowed:
-                why.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.dtype not in DTYPES:
-            why.append(f"the {NAME} family takes {', '.join(d.value for d in DTYPES)} inputs, not {self.dtype.value} "
-                       f"(fp32 on tensor cores is the tf32 problem dtype)")
+        why = field_rules(self, positive=("bm", "bn", "bk", "wm", "wn", "warps_k", "stages", "group_m", "split_k"),
+                          choices=(("mma", MMAS), ("smem", LAYOUTS), ("epilogue", EPILOGUES), ("reduce", REDUCES),
+                                   ("prepass", PREPASSES)))
+        why += dtype_rules(self, DTYPES, " (fp32 on tensor cores is the tf32 problem dtype)")
         if why:
             return why
-        if limits.sm < 80:
-            why.append(f"the {NAME} family needs sm_80 or newer (mma.sync bf16/tf32, cp.async)")
+        why += arch_rules(self, limits, 80, "mma.sync bf16/tf32, cp.async")
         if self.wm % 16 or self.wn % 16:
             why.append(f"warp tile {self.wm}x{self.wn}: both sides must be multiples of 16")
         if self.bm % self.wm or self.bn % self.wn:
@@ -278,27 +259,7 @@ class Spec(SpecData):
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if why:
             return why
-        if self.threads > limits.max_threads:
-            why.append(f"{self.threads} threads per block > {limits.max_threads}")
-        if self.smem_bytes > limits.max_smem:
-            why.append(f"shared memory {self.smem_bytes} B > {limits.max_smem} B")
-        if self.regs_estimate > limits.max_regs_per_thread:
-            why.append(f"about {self.regs_estimate} registers per thread > {limits.max_regs_per_thread}")
-        elif self.regs_estimate * self.threads > limits.regs_per_block:
-            why.append(f"about {self.regs_estimate * self.threads} registers per block > {limits.regs_per_block}")
-        if problem is not None:
-            if problem.layout is not self.layout:
-                why.append(f"spec layout {self.layout.value} != problem layout {problem.layout.value}")
-            if problem.dtype is not self.dtype:
-                why.append(f"spec dtype {self.dtype.value} != problem dtype {problem.dtype.value}")
-            if problem.bias != self.bias:
-                why.append("spec and problem disagree on bias")
-            if problem.block != self.block:
-                why.append(f"spec block {self.block} != problem block {problem.block} (0: dense W)")
-            k_tiles = -(-problem.k // self.bk)
-            if self.split_k > k_tiles:
-                why.append(f"split_k {self.split_k} > {k_tiles} k-tiles of K={problem.k}")
-        return why
+        return resource_rules(self, limits) + problem_rules(self, problem, k_tile=self.bk)
 
 
 # ---- template values and launch plan --------------------------------------------------------
@@ -309,26 +270,6 @@ MMA_PTX = {
     DType.tf32: "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
 }
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2", DType.tf32: "float2"}
-
-
-#: The GEMM of each backward layout, in the kernel's argument names, for the source's header.
-COMMENT = {
-    Layout.forward: "",
-    Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), row-major",
-    "sparse_grad_input": "grad_input: Y[M,N] = X[M,K] * W[N,K]^T, W the transposed layer weight in BSR (dX = dY * W)",
-    Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), row-major",
-}
-
-
-def _row_condition(spec: Spec) -> str:
-    """When 16-byte cp.async is safe, as a C condition: the row length of each operand a whole
-    number of chunks (K if k-contiguous, else M or N)."""
-    dims = dict.fromkeys(["M" if spec.a_t else "K", "N" if spec.w_t else "K"])
-    return " && ".join(f"{d} % CE == 0" for d in dims)
-
-
-def _comment(spec: Spec) -> str:
-    return COMMENT["sparse_grad_input" if spec.block and spec.layout is Layout.grad_input else spec.layout]
 
 
 def _shift(chunks: int) -> int:
@@ -342,7 +283,6 @@ def template_values(spec: Spec) -> dict:
     rows_per_line = max(1, 8 // spec.chunks)  # rows sharing one 128-byte line of banks
     values.update(
         name=spec.name,
-        dtype=spec.dtype.value,
         chunk_elems=spec.chunk_elems,
         chunks=spec.chunks,
         k_step=spec.k_step,
@@ -369,7 +309,8 @@ def template_values(spec: Spec) -> dict:
         a_shift=_shift(spec.bm // spec.chunk_elems), a_mask=min(spec.bm // spec.chunk_elems, 8) - 1,
         w_shift=_shift(spec.bn // spec.chunk_elems), w_mask=min(spec.bn // spec.chunk_elems, 8) - 1,
         bias=spec.bias and spec.layout is Layout.forward, db=spec.bias and spec.layout is Layout.grad_weight,
-        db_cols=DB_COLS, db_rows=DB_ROWS, comment=_comment(spec), align_cond=_row_condition(spec),
+        db_cols=DB_COLS, db_rows=DB_ROWS, comment=layout_comment(spec.layout, spec.block),
+        align_cond=rows_aligned(spec.layout, spec.block, "CE"),  # 16-byte cp.async is safe
         staged=spec.staged,
         c_stride=spec.c_stride,
         out_vec=16 // spec.elem,
@@ -432,7 +373,7 @@ def grid_rule(spec: Spec) -> str:
         parts.append("Y must be zeroed before the launch (split-K partial sums are added atomically)")
     if spec.layout is not Layout.forward:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=bool(spec.block))
-        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({_comment(spec)}), B is null")
+        parts.append(f"arguments Y, X, W are {', '.join(slots)} ({layout_comment(spec.layout, spec.block)}), B is null")
     if spec.bias and spec.layout is Layout.grad_weight:
         parts.append("then " + db_rule(spec.name))
     return "; ".join(parts)
