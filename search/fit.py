@@ -21,7 +21,7 @@ from codegen import families
 from codegen.problem import Problem
 from codegen.spec import DeviceLimits
 
-__all__ = ["Fit", "chosen", "fitting", "generated", "ranked"]
+__all__ = ["Fit", "chosen", "default_family", "fitting", "generated", "ranked"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def fitting(problem: Problem, limits: DeviceLimits | None, asked: list[str] | No
         out.append(Fit(family, space if why is None else None, why))
     if asked:
         return out
-    meant = [f for f in out if f.space is not None and problem.dtype in _meant_for(f.family)]
+    meant = [f for f in out if f.space is not None and _meant_for(f.family, problem.dtype)]
     if not meant:
         return out
     return [f if f in meant or f.space is None else
@@ -89,11 +89,20 @@ def fitting(problem: Problem, limits: DeviceLimits | None, asked: list[str] | No
             for f in out]
 
 
-def _meant_for(family: str) -> tuple:
-    module = families.get(family)
-    return getattr(module, "DEFAULT_DTYPES", module.DTYPES)
+def _meant_for(family: str, dtype) -> bool:
+    meant = getattr(families.get(family), "DEFAULT_DTYPES", None)
+    return families.takes_dtype(family, dtype) if meant is None else dtype in meant
 
 
 def chosen(fits: list[Fit]) -> list[Fit]:
     """The families of ``fitting`` that are searched."""
     return [f for f in fits if f.space is not None]
+
+
+def default_family(problem: Problem, limits: DeviceLimits | None) -> str:
+    """The family a command takes when none is named (compile, bench, sweep): the first that the
+    problem's search would take, else the first that takes its dtype at all."""
+    found = chosen(fitting(problem, limits))
+    if found:
+        return found[0].family
+    return next((f for f in ranked() if families.takes_dtype(f, problem.dtype)), ranked()[-1])

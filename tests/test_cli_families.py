@@ -59,3 +59,30 @@ def test_a_family_that_cannot_compute_the_problem_is_one_line(synthetic, capsys)
     code, doc, err = search(capsys, *BF16, "--budget", "5", "--family", "direct")
     assert code == 2 and doc is None and not synthetic
     assert err.count("\n") == 1 and "direct" in err and "block-sparse" in err
+
+
+@pytest.mark.parametrize(("args", "family"), [
+    (["--dtype", "fp32"], "simt"),
+    (["--dtype", "tf32"], "tensorcore"),
+    (["--dtype", "bf16", "--arch", "sm_90"], "hopper"),
+    (["--dtype", "fp16", "--arch", "sm_80"], "tensorcore"),
+    (["--dtype", "bf16", "--arch", "sm_90", "--m", "33", "--n", "4095", "--k", "4097", "--layout", "grad_weight"],
+     "tensorcore"),  # Hopper's weight gradient reads 16-byte rows
+])
+def test_compile_without_family_takes_the_default_spec_of_the_best_family(args, family, capsys):
+    assert cli.main(["compile", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"].startswith({"simt": "simt_", "tensorcore": "tc_",
+                                                                    "hopper": "hp_"}[family])
+    assert cli.family_asked(["compile", *args]) == family
+
+
+def test_a_family_that_does_not_take_the_dtype_names_the_one_that_does(capsys):
+    assert cli.main(["compile", "--dtype", "tf32", "--family", "simt"]) == 2
+    assert capsys.readouterr().err == ("codegen compile: the simt family generates no tf32 kernels; choose --family "
+                                       "tensorcore\n")
+
+
+def test_the_variant_options_are_the_default_family_s(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--dtype", "bf16", "--arch", "sm_90", "--help"])
+    assert "kernel variant (hopper family" in capsys.readouterr().out

@@ -62,11 +62,31 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
 
 
 def family_asked(argv: list[str] | None) -> str:
-    """A first look at the command line for ``--family`` (the variant options depend on it)."""
+    """A first look at the command line for the family whose variant options compile and bench
+    take: ``--family``, else the one the problem's dtype, layout and shape take on the arch
+    (``--arch``, else $GEMMSCAPE_ARCH, else the visible GPU's; search.fit.default_family)."""
+    argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--family")
-    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return known.family if known.family in families.names() else DEFAULT_FAMILY
+    for flag in ("--family", "--dtype", "--layout", "--arch", "--m", "--n", "--k"):
+        pre.add_argument(flag)
+    pre.add_argument("--bias", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+    if known.family in families.names():
+        return known.family
+    if not {"compile", "bench"} & set(argv):
+        return DEFAULT_FAMILY
+    from codegen.compile import default_arch
+    from codegen.problem import DType, Layout, Problem
+    from codegen.spec import DeviceLimits
+    from search.fit import default_family
+
+    try:
+        dims = [int(v) if v is not None else 4096 for v in (known.m, known.n, known.k)]
+        problem = Problem(*dims, DType(known.dtype or "fp32"), Layout(known.layout or "forward"), bias=known.bias)
+        limits = DeviceLimits.for_arch(known.arch or default_arch())
+    except ValueError:  # a bad value: the parser proper says so
+        return DEFAULT_FAMILY
+    return default_family(problem, limits)
 
 
 def _say(args: argparse.Namespace, message: str) -> None:

@@ -35,7 +35,7 @@ def register(commands: Commands) -> None:
                    "GPU's, else sm_90)")
     p.add_argument("--source", action="store_true", help="print the CUDA source too (with --json: as \"source\")")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=cmd_compile)
+    p.set_defaults(func=cmd_compile, variant_family=commands.family)
 
     p = commands.add("bench", "validate and time one variant and the cuBLAS baseline on the GPU")
     add_problem_args(p)
@@ -45,7 +45,7 @@ def register(commands: Commands) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
     p.add_argument("--no-store", action="store_true", help="do not record the trial")
     p.add_argument("--json", action="store_true", help="JSON on stdout (the result line goes to stderr)")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, variant_family=commands.family)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

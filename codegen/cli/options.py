@@ -169,13 +169,27 @@ def add_gpu_args(p: argparse.ArgumentParser, timeout: float) -> None:
     p.add_argument("--timeout", type=positive_float, default=timeout, help="seconds before a kernel counts as hung")
 
 
-def add_family_arg(p: argparse.ArgumentParser, what: str, default: str = DEFAULT_FAMILY) -> None:
+#: What a command takes when no --family is given (search.fit.default_family).
+FAMILY_RULE = ("the fastest family that fits the problem on the arch: fp32 simt; fp16 and bf16 hopper on sm_90, "
+               "else tensorcore; tf32 tensorcore")
+
+
+def add_family_arg(p: argparse.ArgumentParser, what: str, default: str = FAMILY_RULE) -> None:
     p.add_argument("--family", choices=families.names(), default=None,
-                   help=f"kernel family {what} (default {default})")
+                   help=f"kernel family {what} (default: {default})")
 
 
-def family_of_args(args: argparse.Namespace) -> str:
-    return getattr(args, "family", None) or DEFAULT_FAMILY
+def family_of_args(args: argparse.Namespace, problem: Problem | None = None) -> str:
+    """The family asked for; else the one the parser took variant options for (compile, bench);
+    else the default for ``problem`` on the arch (search.fit.default_family)."""
+    asked = getattr(args, "family", None) or getattr(args, "variant_family", None)
+    if asked or problem is None:
+        return asked or DEFAULT_FAMILY
+    from codegen.compile import default_arch
+    from codegen.spec import DeviceLimits
+    from search.fit import default_family
+
+    return default_family(problem, DeviceLimits.for_arch(getattr(args, "arch", None) or default_arch()))
 
 
 def add_spec_args(p: argparse.ArgumentParser, family: str) -> None:
@@ -234,15 +248,19 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
     else:
         values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
         block, layout = getattr(args, "block", None) or 0, Layout(getattr(args, "layout", None) or "forward")
+    dtype = values["dtype"]
+    for refused, why, takes in (
+            (not families.takes_dtype(family, dtype), f"generates no {dtype.value} kernels",
+             lambda n: families.takes_dtype(n, dtype)),
+            (layout is not Layout.forward and not families.takes_layouts(family), "generates the forward layout only",
+             families.takes_layouts),
+            (bool(block) and not families.takes_sparse(family), "has no block-sparse variants", families.takes_sparse)):
+        if refused:
+            raise UsageError(f"the {family} family {why}; choose --family "
+                             + " or ".join(n for n in families.names() if takes(n)))
     if layout is not Layout.forward:
-        if not families.takes_layouts(family):
-            raise UsageError(f"the {family} family generates the forward layout only; choose --family "
-                             + " or ".join(n for n in families.names() if families.takes_layouts(n)))
         values["layout"] = layout
     if block:
-        if not families.takes_sparse(family):
-            raise UsageError(f"the {family} family has no block-sparse variants; choose --family "
-                             + " or ".join(n for n in families.names() if families.takes_sparse(n)))
         values["block"] = block
         values.setdefault("bn", block)  # a block tile spans one block row unless --bn parts it (tensorcore)
     try:

@@ -271,15 +271,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from search.space import narrowings, space_for
 
     problem = problem_from_args(args)
-    if args.space not in narrowings(family_of_args(args)):
-        raise UsageError(f"--space {args.space}: the {family_of_args(args)} family's narrowings are "
-                         f"{', '.join(narrowings(family_of_args(args)))}")
+    family = family_of_args(args, problem)
+    if args.space not in narrowings(family):
+        raise UsageError(f"--space {args.space}: the {family} family's narrowings are "
+                         f"{', '.join(narrowings(family))}")
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} already exists; a sweep does not overwrite a recording: remove it or "
                          f"choose another name")
     check_writable(args.out, "--out", folder=False)
     try:
-        space = space_for(family_of_args(args), problem.dtype, restricted=args.space, block=problem.block,
+        space = space_for(family, problem.dtype, restricted=args.space, block=problem.block,
                           layout=problem.layout)
     except ValueError as e:
         raise UsageError(str(e)) from None

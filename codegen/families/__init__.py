@@ -22,7 +22,7 @@ from typing import Any
 from codegen.spec import KernelSpec
 
 __all__ = ["compile_target", "family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name",
-           "takes_layouts", "takes_sparse", "variant_fields"]
+           "takes_dtype", "takes_layouts", "takes_sparse", "variant_fields"]
 
 #: Fields the problem sets (``block``, W's sparse block size with 0 for a dense W, only in families
 #: with block-sparse variants; ``layout``, which GEMM of the linear layer, only in families that
@@ -98,6 +98,12 @@ def spec_from_name(name: str) -> KernelSpec:
 def takes_sparse(name: str) -> bool:
     """Whether family ``name`` has block-sparse variants (its Spec has a ``block`` field)."""
     return any(f.name == "block" for f in dataclasses.fields(get(name).Spec))
+
+
+def takes_dtype(name: str, dtype) -> bool:
+    """Whether family ``name`` generates kernels of ``dtype`` (its ``DTYPES``; all, without one)."""
+    takes = getattr(get(name), "DTYPES", None)
+    return takes is None or dtype in takes
 
 
 def takes_layouts(name: str) -> bool:
