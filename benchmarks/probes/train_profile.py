@@ -1,6 +1,6 @@
 """Where the train step's GPU time goes: the kernels of one graph-replayed step, ours and nn.Linear's.
 
-    python3 -m benchmarks.train_profile [--db URL] [--batch 32] [--features 4096] [--dtype fp32] [--replays 5]
+    python3 -m benchmarks.probes.train_profile [--db URL] [--batch 32] [--features 4096] [--dtype fp32] [--replays 5]
 
 The layer of ``benchmarks.linear_train`` (in = out = ``--features``, with bias; kernels from the store,
 else the built-in seeds): forward, then ``torch.autograd.grad`` for dX, dW and db, captured in a CUDA

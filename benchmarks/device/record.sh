@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the lent H200: an exhaustive recording of one of a family's larger narrowings (search/spaces/*.py
 # NARROWINGS), written as a replay file for CPU search-quality work, with its store (gzipped).
-# usage (device tool, carry .whl): [RESUME=PARTIAL.json] bash benchmarks/device_record.sh FAMILY NARROWING M N K DTYPE
+# usage (device tool, carry .whl): [RESUME=PARTIAL.json] bash benchmarks/device/record.sh FAMILY NARROWING M N K DTYPE
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/env.sh"
 family=$1 narrowing=$2 m=$3 n=$4 k=$5 dtype=$6
 name="replay-${family}-${narrowing}-${m}x${n}x${k}-${dtype}"
 SECONDS=0

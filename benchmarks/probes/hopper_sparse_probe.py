@@ -14,8 +14,8 @@ per problem in the same process. A launch still running after --hang-s is a hang
 events to OUT/hopper_sparse_probe.json and the results format (``design_doc``) to
 OUT/hopper_sparse-<device>-<date>.json, and prints a table.
 
-On the H200 (repo root, after ``source benchmarks/device_env.sh``), about 45 s:
-    python3 -m benchmarks.hopper_sparse_probe --out "$OUT"
+On the H200 (repo root, after ``source benchmarks/device/env.sh``), about 45 s:
+    python3 -m benchmarks.probes.hopper_sparse_probe --out "$OUT"
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.hopper_probe import TIMING, compare, emit, gpu_line, run_child, wait
+from benchmarks.probes.hopper_probe import TIMING, compare, emit, gpu_line, run_child, wait
 
 #: Points of the sparse hopper space (search/spaces/hopper.py, block > 0): labels for the table.
 POINTS = [
@@ -233,7 +233,7 @@ def child(todo: list[dict], hang_s: float, torch_bsr: bool) -> int:
 
 # ---- the orchestrating process (no CUDA here) ----------------------------------------------------------
 def run_jobs(todo: list[dict], args, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.hopper_sparse_probe", "--child", json.dumps(todo), "--hang-s",
+    cmd = [sys.executable, "-m", "benchmarks.probes.hopper_sparse_probe", "--child", json.dumps(todo), "--hang-s",
            str(args.hang_s)] + ([] if args.torch_bsr else ["--no-torch-bsr"])
     return {"jobs": [j["id"] for j in todo], **run_child(cmd, timeout)}
 
@@ -312,7 +312,7 @@ def table(doc: dict) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python3 -m benchmarks.hopper_sparse_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.probes.hopper_sparse_probe", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "hopper-sparse-probe-out"), help="folder for the JSON files")
     p.add_argument("--budget-s", type=float, default=50.0, help="start no child after this many seconds (a child is stopped then too)")
     p.add_argument("--hang-s", type=float, default=5.0, help="a launch still running after this is a hang")
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"probe": "hopper_sparse", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
-           "command": "python3 -m benchmarks.hopper_sparse_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python3 -m benchmarks.probes.hopper_sparse_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": TIMING, "jobs": todo, "runs": runs, "seconds": round(time.monotonic() - start, 1)}
     (out / "hopper_sparse_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
     design = design_doc(doc)

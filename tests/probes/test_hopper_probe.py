@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import hopper_probe as probe
+from benchmarks.probes import hopper_probe as probe
 from codegen.families.hopper import Spec
 from codegen.problem import DType, Problem
 from search.space import space_for, to_spec
@@ -104,7 +104,7 @@ def test_design_doc_keeps_the_fastest_valid_point_with_its_own_baseline():
     slow = _run("slow", [device, _timed("hp_slow", 0.25, 0.18)])
     fast = _run("fast", [device, _timed("hp_fast", 0.20, 0.17)])
     wrong = _run("wrong", [device, {**_timed("hp_wrong", 0.01, 0.17), "status": "wrong_result"}])
-    doc = {"date": "2026-12-01T21:00:00Z", "device": "NVIDIA H200", "command": "python3 -m benchmarks.hopper_probe",
+    doc = {"date": "2026-12-01T21:00:00Z", "device": "NVIDIA H200", "command": "python3 -m benchmarks.probes.hopper_probe",
            "timing": probe.TIMING, "shapes": [(67, 45, 88, False, False), (4096, 4096, 4096, False, True)],
            "runs": [slow, wrong, fast]}
     out = probe.design_doc(doc)

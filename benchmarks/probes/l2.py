@@ -9,7 +9,7 @@ of repeated launches (CUDA events, after a warm-up that leaves the buffer in L2)
 second; a buffer several times L2 gives DRAM's rate for comparison. Writes the results format
 (``benchmarks/results/``) to OUT/l2_roof-<device>-<date>.json.
 
-On the H200 (repo root, after ``source benchmarks/device_env.sh``), a few seconds:
+On the H200 (repo root, after ``source benchmarks/device/env.sh``), a few seconds:
     python3 -m benchmarks.l2_roof --out "$OUT"
 """
 

@@ -17,8 +17,8 @@ A block-sparse kernel at batch 32 reads its row pointers, then its column indice
 X's columns they name: three dependent rounds before its first multiply. Median and p20-p80 of
 ``--reps`` calls. Writes OUT/time_floor-<device>-<date>.json (the results format) and prints a table.
 
-On the H200 (repo root, after ``source benchmarks/device_env.sh``), a few seconds:
-    python3 -m benchmarks.time_floor --out "$OUT"
+On the H200 (repo root, after ``source benchmarks/device/env.sh``), a few seconds:
+    python3 -m benchmarks.probes.time_floor --out "$OUT"
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def measure(reps: int) -> tuple[str, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m benchmarks.time_floor", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.probes.time_floor", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "time-floor-out"), help="folder for the JSON file")
     p.add_argument("--reps", type=int, default=REPS, help="timed calls per row")
     args = p.parse_args(argv)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     device, records = measure(args.reps)
     date = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
     doc = {"suite": "time_floor", "date": date, "device": device, "versions": versions(),
-           "command": "python3 -m benchmarks.time_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python3 -m benchmarks.probes.time_floor " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": {"reps": args.reps, "flush": "zero 256 MB before each call (Engine.time_calls)"},
            "records": records}
     out = Path(args.out)

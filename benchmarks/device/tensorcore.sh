@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the lent H200: the GPU tier, then the tensor-core suite searched (benchmarks/run.py).
-# usage (device tool, carry .whl): bash benchmarks/device_tensorcore.sh tier|suite [BUDGET] [PROBLEM_KEY ...]
+# usage (device tool, carry .whl): bash benchmarks/device/tensorcore.sh tier|suite [BUDGET] [PROBLEM_KEY ...]
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 what=${1:-tier}; shift || true
 if [ "$what" = tier ]; then

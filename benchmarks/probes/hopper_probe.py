@@ -13,8 +13,8 @@ K, bias, K that breaks 16-byte rows through the pack prepass), then the timed la
 median of at least 20. A launch that does not finish within --hang-s is a hang: the point's
 process reports where and exits. Prints a table last and writes everything to OUT/hopper_probe.json.
 
-On the H200 (repo root, after ``source benchmarks/device_env.sh``):
-    python3 -m benchmarks.hopper_probe --out "$OUT"
+On the H200 (repo root, after ``source benchmarks/device/env.sh``):
+    python3 -m benchmarks.probes.hopper_probe --out "$OUT"
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def run_child(cmd: list[str], timeout: float) -> dict:
 
 
 def run_point(label: str, point: dict, args, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.hopper_probe", "--child", json.dumps(point), "--dtypes", *args.dtypes,
+    cmd = [sys.executable, "-m", "benchmarks.probes.hopper_probe", "--child", json.dumps(point), "--dtypes", *args.dtypes,
            "--hang-s", str(args.hang_s)]
     if args.quick:
         cmd.append("--quick")
@@ -425,7 +425,7 @@ def table(runs: list[dict], dtypes: list[str], shapes: list) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m benchmarks.hopper_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.probes.hopper_probe", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "hopper-probe-out"), help="folder for hopper_probe.json")
     p.add_argument("--budget-s", type=float, default=170.0, help="stop starting points after this many seconds")
     p.add_argument("--point-timeout-s", type=float, default=80.0, help="seconds one point's process may take")
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"probe": "hopper", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
-           "command": "python3 -m benchmarks.hopper_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python3 -m benchmarks.probes.hopper_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": TIMING, "shapes": shapes, "runs": runs, "seconds": round(time.monotonic() - start, 1)}
     (out / "hopper_probe.json").write_text(json.dumps(doc, indent=1) + "\n")
     if not args.quick:

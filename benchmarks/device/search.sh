@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the lent H200: GPU tier, then the 200-trial searches whose wall time issue #3 asks for.
-# usage (device tool, carry .whl): bash benchmarks/device_search.sh
+# usage (device tool, carry .whl): bash benchmarks/device/search.sh
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/env.sh"
 DB="sqlite:///$OUT/h200.db"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -15

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the lent H200: record the exhaustive sweep of the restricted SIMT space at 4096^3 fp32 (the replay
 # recording the CPU tests and README use), then a skinny-shape search for comparison with cuBLAS.
-# usage (device tool, carry .whl): bash benchmarks/device_sweep.sh [pytest args...]
+# usage (device tool, carry .whl): bash benchmarks/device/sweep.sh [pytest args...]
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/env.sh"
 DB="sqlite:///$OUT/h200-sweep.db"
 if [ $# -gt 0 ]; then timeout 200 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -5; fi
 SECONDS=0

@@ -1,7 +1,7 @@
 """Turn a device search session into a committed result: best found per search run against cuBLAS
 and against the exhaustive best of a recorded sweep, with each search's end-to-end wall time.
 
-    python3 -m benchmarks.search_report --db sqlite:///h200.db --sweep FILE --log search.log [--out DIR]
+    python3 -m benchmarks.probes.search_report --db sqlite:///h200.db --sweep FILE --log search.log [--out DIR]
 
 Reads the store written by `codegen search` on the device, the sweep recording, and the device
 log (for end-to-end wall times, which include process start and compiling); writes
@@ -18,7 +18,7 @@ from pathlib import Path
 from codegen.problem import Problem
 from store import Store
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": date,
         "device": device["name"],
         "versions": {**store.runs()[0]["versions"], "nvrtc": device["nvrtc"], "driver": device["driver"]},
-        "command": "bash benchmarks/device_search.sh (then python3 -m benchmarks.search_report)",
+        "command": "bash benchmarks/device/search.sh (then python3 -m benchmarks.probes.search_report)",
         "note": "exhaustive best from the sweep recorded in a separate device call of the same session",
         "records": records,
     }

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import hopper_sparse_probe as probe
+from benchmarks.probes import hopper_sparse_probe as probe
 from codegen import sparse
 from codegen.problem import DType
 from search.space import space_for, to_spec
@@ -95,7 +95,7 @@ def test_results_doc_and_table_from_runs_that_hung_midway():
     ], ending="hang")
     rest = [j for j in jobs if j["density"] == 0.25]  # the last points of density 0.1 never ran
     second = _run(rest, [{"event": "stage", "id": rest[0]["id"], "stage": "start"}, _ok(rest[0], 0.020, 0.175)])
-    doc = {"date": "2026-12-02T01:00:00Z", "device": "smi line", "command": "python3 -m benchmarks.hopper_sparse_probe",
+    doc = {"date": "2026-12-02T01:00:00Z", "device": "smi line", "command": "python3 -m benchmarks.probes.hopper_sparse_probe",
            "jobs": jobs, "runs": [first, second]}
     got = probe.results(doc["runs"], jobs)
     assert got[c["id"]]["status"] == "hang" and got[b["id"]]["status"] == "ok"

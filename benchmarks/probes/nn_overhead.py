@@ -1,6 +1,6 @@
 """codegen.nn's host cost per call, with the CUDA driver replaced by no-ops (runs on any CPU, no GPU).
 
-    python3 -m benchmarks.nn_overhead [--calls N] [--batches 32 4096] [--dtypes bf16 fp32]
+    python3 -m benchmarks.probes.nn_overhead [--calls N] [--batches 32 4096] [--dtypes bf16 fp32]
 
 Builds a gemmscape ``Linear`` (4096 -> 4096, with bias) whose three GEMMs are the families' built-in
 seeds (codegen.bundle.SeedKernels, as benchmarks/linear_train.py picks them), each set up as
@@ -91,7 +91,7 @@ def per_call_us(fn, calls: int, repeats: int = 5) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m benchmarks.nn_overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m benchmarks.probes.nn_overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=2000, help="timed calls per case")
     p.add_argument("--batches", type=int, nargs="+", default=[32, 4096])
     p.add_argument("--dtypes", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])

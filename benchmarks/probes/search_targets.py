@@ -15,8 +15,8 @@ problem, device and source):
 
 So the short searches are held to the strongest reference this plan has: unseeded against seeded.
 
-    python3 -m benchmarks.search_targets run --dir DIR --deadline-s 520
-    python3 -m benchmarks.search_targets report --dir DIR [--out benchmarks/results]
+    python3 -m benchmarks.probes.search_targets run --dir DIR --deadline-s 520
+    python3 -m benchmarks.probes.search_targets report --dir DIR [--out benchmarks/results]
 
 ``run`` works through the plan in order and records each step in ``DIR/steps.jsonl``; a step that
 ended (budget reached) is not run again, so the plan resumes across device calls when ``DIR`` is
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: The development shape first, then two that no development run used.
 SHAPES = ("4096x4096x4096", "1536x2560x1024", "768x5120x2048")
 EXIT_INTERRUPTED = 130
@@ -280,7 +280,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     date = min(s["started"] for s in steps)[:19].replace("+00:00", "") + "Z"
     last = max(s["started"] for s in steps)[:19].replace("+00:00", "") + "Z"  # names the file: more steps, a new file
     doc = {"suite": "search-targets", "date": date, "last_step_started": last, "device": device, "versions": versions,
-           "command": "python3 -m benchmarks.search_targets run (steps in `steps`), then report",
+           "command": "python3 -m benchmarks.probes.search_targets run (steps in `steps`), then report",
            "settings": {"shapes": seen, "big": args.big, "small": args.small, "seeds": args.seeds, "warm": args.warm,
                         "family": args.family, "sampler": args.sampler, "threshold": THRESHOLD,
                         "stores": "one SQLite file per run (hist.db: the long searches; <L>-s<seed>.db; <L>-warm.db, "

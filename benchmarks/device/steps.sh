@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the lent H200: several steps in one device call, each under its own time limit, each logged to
 # $OUT/<name>.log, so one step that runs long or fails costs only itself.
-# usage (device tool, carry .whl): bash benchmarks/device_steps.sh NAME:SECONDS:COMMAND [...]
+# usage (device tool, carry .whl): bash benchmarks/device/steps.sh NAME:SECONDS:COMMAND [...]
 set -uo pipefail
-source "$(dirname "$0")/device_env.sh"
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 for step in "$@"; do
   name=${step%%:*}; rest=${step#*:}; limit=${rest%%:*}; cmd=${rest#*:}

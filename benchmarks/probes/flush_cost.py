@@ -1,7 +1,7 @@
 """What the L2 flush before each timed call costs a kernel that writes a large output: the batch-32
 dW GEMM (4096×4096 output from 32 rows) and a plain write of the same bytes.
 
-    python3 -m benchmarks.flush_cost [--db URL] [--reps 30] [--out DIR]
+    python3 -m benchmarks.probes.flush_cost [--db URL] [--reps 30] [--out DIR]
 
 The suites flush L2 before every timed call by zeroing a 256 MB buffer (``flush.zero_()``). That
 leaves L2 full of dirty lines, which a kernel that then writes tens of MB pays to write back to
@@ -27,14 +27,14 @@ import statistics
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 FLUSH_BYTES = 256 << 20
 BATCH, FEATURES = 32, 4096
 PREPARATIONS = ("write_flush", "read_flush", "none")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.flush_cost", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.probes.flush_cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", help="also time the store's fastest grad_weight kernel (codegen.nn)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     doc = {"suite": "flush_cost", "date": stamp, "device": props.name,
            "versions": {**versions(), "torch": torch.__version__},
-           "command": "python3 -m benchmarks.flush_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python3 -m benchmarks.probes.flush_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": {"reps": args.reps, "flush_bytes": FLUSH_BYTES, "batch": BATCH, "features": FEATURES},
            "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
