@@ -516,12 +516,12 @@ def test_tensor_maps_are_encoded_over_their_operands_and_a_persistent_grid_is_ca
 
 
 def test_a_bundle_from_a_committed_h200_store(tmp_path, capsys):
-    """benchmarks/results/tensorcore-...043328Z.db.gz holds real H200 searches (2026-12-01): its
+    """tests/fixtures/tensorcore-...043328Z.db.gz holds real H200 searches (2026-12-01): its
     bundle lists each problem's fastest kernel with its stored source, found by problem and device."""
     import gzip
     import shutil
 
-    gz = Path(__file__).resolve().parents[1] / "benchmarks/results/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
+    gz = Path(__file__).resolve().parents[1] / "tests/fixtures/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
     with gzip.open(gz) as src, open(tmp_path / "s.db", "wb") as dst:
         shutil.copyfileobj(src, dst)
     code, out, _ = run(["export", "--bundle", str(tmp_path / "b"), "--db", f"sqlite:///{tmp_path / 's.db'}"], capsys)

@@ -250,7 +250,7 @@ def test_a_small_mlp_trains_like_nn_linear():
 @pytest.mark.parametrize("batch,fin,fout,dtype", [(32, 4096, 4096, "bf16"), (4097, 4093, 4095, "bf16"),
                                                   (32, 4096, 4096, "fp16")])
 def test_kernels_searched_on_the_h200_run_from_their_bundle(tmp_path, batch, fin, fout, dtype):
-    """The fastest kernels of the committed H200 tensor-core searches (benchmarks/results/
+    """The fastest kernels of the committed H200 tensor-core searches (tests/fixtures/
     tensorcore-...043328Z.db.gz), exported as a bundle: their stored source runs in the layer."""
     import gzip
     import shutil
@@ -261,7 +261,7 @@ def test_kernels_searched_on_the_h200_run_from_their_bundle(tmp_path, batch, fin
 
     if torch.cuda.get_device_name() != "NVIDIA H200":
         pytest.skip(f"the bundle's kernels were tuned on an NVIDIA H200, not a {torch.cuda.get_device_name()}")
-    gz = Path(__file__).resolve().parents[2] / "benchmarks/results/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
+    gz = Path(__file__).resolve().parents[2] / "tests/fixtures/tensorcore-NVIDIA_H200-2026-12-01T043328Z.db.gz"
     with gzip.open(gz) as src, open(tmp_path / "s.db", "wb") as dst:
         shutil.copyfileobj(src, dst)
     assert cli.main(["export", "--bundle", str(tmp_path / "b"), "--db", f"sqlite:///{tmp_path / 's.db'}"]) == 0

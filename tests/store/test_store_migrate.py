@@ -34,8 +34,8 @@ from store.models import KERNEL_IDENTITY, Base, Device, Kernel, Run, Trial
 from store.models import Pattern as PatternRow
 from store.models import Problem as ProblemRow
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-OLD_DBS = sorted(RESULTS.glob("*.db.gz"))
+ROOT = Path(__file__).resolve().parents[2]
+OLD_DBS = sorted([*(ROOT / "benchmarks" / "results").glob("*.db.gz"), *(ROOT / "tests" / "fixtures").glob("*.db.gz")])
 
 
 def sha(text: str) -> str:
