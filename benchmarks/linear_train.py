@@ -14,7 +14,7 @@ in a CUDA graph after a warm-up on a side stream, and the graph's replays timed 
 figure is the GPU's time without the host's launch cost; each record says which (``timing``). ``--backward``
 times ours in training with both backward GEMMs on one stream (``serial``, codegen.nn's default) and/or dW
 on a side stream beside dX (``overlap``); each train record's ``ours.backward`` says which. Kernels come from the
-bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
+bundle or store given, else from the families' built-in seeds (codegen.nn.bundle.SeedKernels: no
 search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
 torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
 of both layers (for graphs: from a replay into outputs poisoned with NaN) is compared with float64 first; ours past the dtype's bound makes the record
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         selection = f"tuned: the fastest stored kernel per GEMM from {kernels.source.location}"
     else:
         kernels = kernels_from(SeedKernels())
-        selection = "hand-picked: a built-in seed per GEMM (codegen.bundle.SeedKernels), no search"
+        selection = "hand-picked: a built-in seed per GEMM (codegen.nn.bundle.SeedKernels), no search"
     info = device_info()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     records = []

@@ -3,7 +3,7 @@
     python3 -m benchmarks.probes.nn_overhead [--calls N] [--batches 32 4096] [--dtypes bf16 fp32]
 
 Builds a gemmscape ``Linear`` (4096 -> 4096, with bias) whose three GEMMs are the families' built-in
-seeds (codegen.bundle.SeedKernels, as benchmarks/linear_train.py picks them), each set up as
+seeds (codegen.nn.bundle.SeedKernels, as benchmarks/linear_train.py picks them), each set up as
 codegen.nn sets up a loaded kernel but with no module behind it; then replaces the driver calls
 (cuLaunchKernel, the tensor-map encoder, the current-context check, torch's current stream) and
 torch's ``zero_`` by no-ops, and times on CPU tensors, per batch and dtype: codegen.nn's forward GEMM
