@@ -17,8 +17,8 @@ How the budget is shared:
 
 Why a portfolio and not ``family`` as a dimension of one study: the families' spaces share no
 dimension, the samplers that do best here (local, CMA-ES) need one space of ordered integer
-dimensions, and a family's seeds already place it (on the H200 a Hopper seed is within a few per
-cent of its family's best), so the first trials show where the budget pays.
+dimensions, and a family's seeds already place it near its family's best (docs/search.md), so the
+first trials show where the budget pays.
 """
 
 from __future__ import annotations

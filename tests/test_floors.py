@@ -77,3 +77,52 @@ def test_the_layer_tools_would_not_pass_as_core():
     a core module, its imports of search are named."""
     found = upward([ROOT / "codegen" / "nn" / "tune.py"])
     assert found and all(" imports search" in line for line in found)
+
+
+#: Every room and the rooms it may import besides itself: each floor uses only what stands below it.
+#: The core is codegen minus its two orchestrating sub-packages; the app reads through the store.
+BELOW = {
+    "core": (),
+    "store": ("core",),
+    "search": ("core", "store"),
+    "app": ("core", "store"),
+    "codegen.nn": ("core", "store", "search"),
+    "codegen.cli": ("core", "store", "search", "app", "codegen.nn"),
+    "benchmarks": ("core", "store", "search", "app", "codegen.nn", "codegen.cli"),
+}
+
+
+def room(name: str) -> str | None:
+    """The room a dotted module name belongs to (None: not the project's). ``python -m codegen``
+    (codegen/__main__.py) is the command line's."""
+    if name == "codegen.__main__":
+        return "codegen.cli"
+    for top in ("codegen.nn", "codegen.cli"):
+        if name == top or name.startswith(f"{top}."):
+            return top
+    first = name.split(".")[0]
+    if first == "codegen":
+        return "core"
+    return first if first in BELOW else None
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests", "templates", "build") or "site-packages" in rel.parts:
+            continue
+        mine = room(".".join(rel.with_suffix("").parts))
+        if mine is None:
+            continue
+        for line, name in imports(path):
+            theirs = room(name)
+            if theirs is not None and theirs != mine and theirs not in BELOW[mine]:
+                wrong.append(f"{rel}:{line} ({mine}) imports {name} ({theirs})")
+    assert wrong == []
+
+
+def test_rooms_are_read_from_dotted_names():
+    assert [room(n) for n in ("codegen.spec", "codegen.nn.layer", "codegen.cli", "search.space", "app.main",
+                              "store", "numpy", "codegen", "codegen.__main__")] == [
+        "core", "codegen.nn", "codegen.cli", "search", "app", "store", None, "core", "codegen.cli"]

@@ -28,8 +28,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
 RESTRICTED = dict(bm=(32,), bn=(16, 32), warps=(4, 8), depth=(1, 2))
 
 
-#: Known-good points: the family's fastest at batch 32 on the H200 on 2026-12-04 (40- and 120-trial
-#: searches, benchmarks/results/device-2026-12-04c/call5 and call6, and the hand suite
+#: Known-good points: the family's fastest at batch 32 on the H200 (searches of 40 and 120 trials, whose
+#: logs git keeps at 92631da:benchmarks/results/device-2026-12-04c/, and the hand suite
 #: benchmarks/results/sparse-hand-NVIDIA_H200-2026-12-04T051744Z.json); the family has no dense variant.
 SEEDS: list[dict] = []
 SPARSE_SEEDS = [

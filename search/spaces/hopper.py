@@ -61,14 +61,10 @@ def _point(bm, bn, stages, consumers, persistent, group_m=8, cluster=1, split_k=
 
 
 #: Plausible good points for large 16-bit layers (two consumer warpgroups of 64 x 256, or of 128 x 128),
-#: a persistent variant of each, and smaller tiles for layers with few output tiles. Two are measured
-#: (H200, 2026-12-02, benchmarks/results/hopper-NVIDIA_H200-2026-12-02T000933Z.json): 128x256 c2 s4
-#: persistent, 711 TFLOP/s bf16 at 4096^3 (0.90x cuBLAS), and 128x128 c2 s5 persistent, 657 at
-#: 4096x11008x4096 (1.01x); the cluster pair (W's tile multicast to two blocks) is right but no faster
-#: (0.86x at 4096^3, ...T025812Z.json). The split-K points are for small M (batch 32-128 at N 4096: 16-32
-#: output tiles of 132 multiprocessors): 64x128 c1 s6 split 4 ran 128x4096x4096 at 0.72x and 32x4096x4096
-#: at 0.92x cuBLAS (...T033856Z.json). Backward layers start from these too (tune-linear, 20 trials per
-#: GEMM at 4096^3: 0.85-0.90x).
+#: a persistent variant of each, the cluster pair (W's tile multicast to two blocks), and smaller tiles
+#: with split-K for layers with few output tiles (batch 32-128 at N 4096 fills few of the multiprocessors).
+#: Each was measured on the H200: benchmarks/results/hopper-NVIDIA_H200-2026-12-02T*.json and
+#: docs/families.md. Backward layers start from these too.
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
@@ -91,15 +87,13 @@ def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8, swap=False) ->
     return dict(bm=bm, stages=stages, consumers=consumers, grid=grid, group_m=group_m, ctas=ctas, swap=swap)
 
 
-#: Block-sparse W, ordered by the H200 probe over two random patterns (bf16 4096^3 at densities
-#: 0.05-0.5 and 32x4096x4096 at 0.1, block 64, pattern seeds 7 and 0;
+#: Block-sparse W, in the order the H200 probe ranked them over two random patterns (bf16 4096^3 at
+#: densities 0.05-0.5 and 32x4096x4096 at 0.1, block 64;
 #: benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T201948Z.json): 256 rows of two consumers in
-#: grouped order with group_m 1 (every tile in flight on one m-tile of X) led at density 0.1 (40.6 us
-#: for both patterns, 4.0x cuBLAS); 128 rows of one consumer, two blocks per multiprocessor, at 0.05
-#: (30.7-30.9 us); the swapped 256-row tile at 0.5 (151.4-152.9 us, 1.10x), the two within 4% of each
-#: other at 0.25; the 64-row tiles at batch 32, unswapped (probe: 8.0-8.9 us) or swapped with a deep
-#: ring (search, budget 30: 13.1 TFLOP/s, 2.2x). Hand-picked from probes and searches, each measured;
-#: ``sparse_seeds`` leaves out the swapped ones for blocks other than 64.
+#: grouped order with group_m 1 (every tile in flight on one m-tile of X) for density 0.1; 128 rows of one
+#: consumer, two blocks per multiprocessor, for the sparsest W; the swapped 256-row tile for density 0.5;
+#: the 64-row tiles at batch 32, unswapped or swapped with a deep ring. ``sparse_seeds`` leaves out the
+#: swapped ones for blocks other than 64.
 SPARSE_SEEDS = [
     _sparse_point(256, 5, 2, "grouped", group_m=1),
     _sparse_point(128, 4, 1, "grouped", ctas=2),
