@@ -32,19 +32,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
+
+from benchmarks.steps import Planned, load_steps, run_steps
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: The development shape first, then two that no development run used.
 SHAPES = ("4096x4096x4096", "1536x2560x1024", "768x5120x2048")
-EXIT_INTERRUPTED = 130
 THRESHOLD = 0.97
 
 
@@ -86,57 +83,20 @@ def command(step: Step, d: Path, args: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def load_steps(d: Path) -> list[dict]:
-    path = d / "steps.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     d = args.dir
-    d.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + args.deadline_s
-    done = {s["step"] for s in load_steps(d) if s["rc"] == 0}
-    for step in plan(args.shapes, args.big, args.small, args.seeds, args.warm):
-        if step.name in done:
-            continue
-        left = deadline - time.monotonic()
-        if left < 20:
-            print(f"search_targets: deadline: {step.name} and what follows wait for the next run", flush=True)
-            return EXIT_INTERRUPTED
-        target = d / step.db
-        if step.copy_from and not target.exists():
-            source = d / step.copy_from
-            if source.exists():
-                shutil.copyfile(source, target)
-        cmd = command(step, d, args)
-        print(f"search_targets: {step.name}: {' '.join(cmd[1:])} ({left:.0f} s left)", flush=True)
-        started = datetime.now(UTC).isoformat(timespec="seconds")
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # the search stores what it measured and marks its run ended
-            try:
-                out, err = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-        wall = time.monotonic() - t0
-        summary = next((json.loads(line) for line in out.splitlines() if line.startswith("{")), None)
-        record = {"step": step.name, "shape": step.shape, "seed": step.seed, "budget": step.budget, "db": step.db,
-                  "seeding": step.seeding, "rc": proc.returncode, "started": started, "wall_s": round(wall, 2),
-                  "command": " ".join(["python3"] + cmd[1:]), "summary": summary, "stderr_tail": err[-3000:]}
-        with (d / "steps.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(f"search_targets: {step.name}: rc {proc.returncode} in {wall:.0f} s; " + (err.strip().splitlines() or [""])[-1][:300],
-              flush=True)
-        if proc.returncode not in (0, EXIT_INTERRUPTED):
-            print(err[-2000:], file=sys.stderr)
-            return proc.returncode or 1
-        if proc.returncode == EXIT_INTERRUPTED:
-            return EXIT_INTERRUPTED
-    return 0
+    steps = plan(args.shapes, args.big, args.small, args.seeds, args.warm)
+    planned = [Planned(s.name, tuple(command(s, d, args)[1:]),
+                       {"shape": s.shape, "seed": s.seed, "budget": s.budget, "db": s.db, "seeding": s.seeding})
+               for s in steps]
+    copies = {s.name: s for s in steps if s.copy_from}
+
+    def copy_store(step: Planned) -> None:
+        s = copies.get(step.name)
+        if s is not None and not (d / s.db).exists() and (d / s.copy_from).exists():
+            shutil.copyfile(d / s.copy_from, d / s.db)
+
+    return run_steps(d, planned, args.deadline_s, "search_targets", before=copy_store)
 
 
 # ---- report ---------------------------------------------------------------------------------------
