@@ -54,11 +54,13 @@ class Verdict:
     margin: float
     winner: str
     note: str = ""
+    refused: str = ""  # why ours may not run whatever the times (a wrong result): cuBLAS's by that alone
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if not d["note"]:
-            del d["note"]
+        for optional in ("note", "refused"):
+            if not d[optional]:
+                del d[optional]
         return d
 
     @classmethod
@@ -68,12 +70,15 @@ class Verdict:
         edited by hand or written under an older rule cannot disagree with ``judge``."""
         if not isinstance(d, dict):
             return None
+        refused = d.get("refused") if isinstance(d.get("refused"), str) else ""
         return judge(d.get("ours_ms"), d.get("cublas_ms"), str(d.get("timing", "cold_single")), problem,
-                     margin=float(d.get("margin", MARGIN)))
+                     margin=float(d.get("margin", MARGIN)), refused=refused)
 
     def reason(self) -> str:
         """Why torch's op runs where cuBLAS won: the words codegen.nn's fallbacks report."""
         ratio = f"{self.ratio:.3f}" if self.ratio is not None else "-"
+        if self.refused:
+            return f"cuBLAS won: ours {self.refused} (timing {self.timing})"
         return f"cuBLAS won (ratio {ratio} at margin {self.margin:g}, timing {self.timing})"
 
     def describe(self) -> str:
@@ -83,11 +88,12 @@ class Verdict:
 
 
 def judge(ours_ms: float | None, cublas_ms: float | None, timing: str, problem=None, *,
-          margin: float = MARGIN) -> Verdict:
+          margin: float = MARGIN, refused: str = "") -> Verdict:
     """THE rule: ``ours`` only where cublas_ms / ours_ms > 1 + ``margin``, else ``cublas``; ``unknown``
     where either time is missing (or not a positive number), and where ours would win but the harness
     does not decide for ``problem`` (a codegen.problem.Problem; ``untrusted``): a cuBLAS win there
-    stands, since that harness only ever flatters ours."""
+    stands, since that harness only ever flatters ours. ``refused`` (why ours may not run, e.g. a
+    wrong result in that harness) makes it ``cublas`` whatever the times."""
     if timing not in TIMINGS:
         raise ValueError(f"timing {timing!r}: one of {', '.join(TIMINGS)}")
     if margin < 0:
@@ -95,7 +101,9 @@ def judge(ours_ms: float | None, cublas_ms: float | None, timing: str, problem=N
     measured = all(isinstance(t, int | float) and not isinstance(t, bool) and t > 0 for t in (ours_ms, cublas_ms))
     ratio = cublas_ms / ours_ms if measured else None
     note = ""
-    if not measured:
+    if refused:
+        winner = "cublas"
+    elif not measured:
         winner = "unknown"
         note = "no cuBLAS baseline measured" if ours_ms else "ours not measured"
     elif ratio > 1 + margin:
@@ -103,7 +111,7 @@ def judge(ours_ms: float | None, cublas_ms: float | None, timing: str, problem=N
         winner, note = ("unknown", why) if why else ("ours", "")
     else:
         winner = "cublas"
-    return Verdict(ours_ms, cublas_ms, ratio, timing, margin, winner, note)
+    return Verdict(ours_ms, cublas_ms, ratio, timing, margin, winner, note, refused)
 
 
 def untrusted(problem, timing: str) -> str | None:
