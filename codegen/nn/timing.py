@@ -21,13 +21,14 @@ with it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from codegen.nn import verdict as verdicts
 from codegen.problem import DType, Layout, Problem
 
-__all__ = ["L2_FACTOR", "MAX_COPIES", "MIN_CALLS", "MIN_COPIES", "EngineTiming", "calls_for", "copies_for",
-           "engine_timing", "engine_verdict", "stats"]
+__all__ = ["L2_FACTOR", "MAX_COPIES", "MIN_CALLS", "MIN_COPIES", "EngineJudged", "EngineTiming", "calls_for",
+           "copies_for", "engine_candidates", "engine_timing", "engine_verdict", "judge_in_engine_timing", "stats"]
 
 #: The weights of one replay are at least this many times the L2 cache.
 L2_FACTOR = 4
@@ -159,3 +160,63 @@ def engine_verdict(problem: Problem, file, *, reps: int = REPS, rounds: int = RO
     mine, theirs = stats(timing.ours)["median_ms"], stats(timing.torch)["median_ms"]
     refused = f"wrong result (relative error {timing.rel_error:.2e})" if timing.wrong else ""
     return verdicts.judge(mine, theirs, "engine", problem, margin=margin, refused=refused), "ok", timing
+
+
+# ---- a bundle's forward GEMMs of few rows judged in engine timing --------------------------------------------------------
+@dataclass
+class EngineJudged:
+    """One bundle entry re-judged in engine timing: its problem and kernel, the verdict (None where
+    ours did not run) and the harness's status."""
+
+    problem: Problem
+    kernel: str
+    verdict: object | None
+    status: str
+
+
+def engine_candidates(bundle, device: str, *, again: bool = False) -> list[Problem]:
+    """The problems of ``bundle`` that engine timing judges on ``device``: forward GEMMs of at most
+    ``codegen.nn.verdict.ENGINE_MAX_M`` rows whose kernel was measured on that device (not replayed
+    from a recording), and (unless ``again``) whose entry has no engine verdict yet."""
+    found = []
+    for e in bundle.entries:
+        problem = Problem.from_dict(e["problem"])
+        if problem.layout is not Layout.forward or problem.m > verdicts.ENGINE_MAX_M or e["device"] != device:
+            continue
+        if e.get("recorded") or (not again and "engine" in (e.get("verdicts") or {})):
+            continue
+        if bundle.entry(problem, device) is e and problem not in found:
+            found.append(problem)
+    return found
+
+
+def judge_in_engine_timing(bundle, *, again: bool = False, margin: float | None = None,
+                           say: Callable[[str], None] = print) -> list[EngineJudged]:
+    """Re-judge each of ``bundle``'s ``engine_candidates`` on this GPU against torch's op in engine
+    timing (codegen.nn.timing.engine_verdict), record each verdict in the bundle (timing ``engine``,
+    which then decides) and save its index. One line per problem through ``say``."""
+    import torch
+
+    device = torch.cuda.get_device_name()
+    out = []
+    for problem in engine_candidates(bundle, device, again=again):
+        file = bundle.find(problem, device)
+        if isinstance(file, str):
+            out.append(EngineJudged(problem, "", None, file))
+            say(f"engine timing {problem.key}: {file}")
+            continue
+        try:
+            verdict, status, _ = engine_verdict(problem, file, margin=verdicts.MARGIN if margin is None else margin)
+        except Exception as e:  # a kernel that cannot run in the harness keeps its cold_single verdict
+            verdict, status = None, f"{type(e).__name__}: {e}"
+        name = file.manifest["name"]
+        out.append(EngineJudged(problem, name, verdict, status))
+        if verdict is not None:
+            bundle.set_verdict(problem, device, verdict)
+            say(f"engine timing {problem.key}: ours {verdict.ours_ms * 1e3:.1f} us, cuBLAS "
+                f"{verdict.cublas_ms * 1e3:.1f} us: {verdict.describe()}")
+        else:
+            say(f"engine timing {problem.key}: no verdict ({status}); the cold_single one stands")
+    if out:
+        bundle.save()
+    return out
