@@ -26,9 +26,6 @@ def register(commands: Commands) -> None:
     add_shape_args(p)
     p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
     p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
-    p.add_argument("--layout", choices=[layout.value for layout in Layout], action="append", default=None,
-                   help="tune only this GEMM of the layer; repeat it for several (default: all three; an "
-                        "inference layer needs forward alone)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_linear)
 
@@ -49,7 +46,8 @@ def register(commands: Commands) -> None:
     p = commands.add("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
     p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "
                    "whole with torch.save (.pt/.pth)")
-    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step) for every layer")
+    p.add_argument("--batch", type=positive_int, required=True, nargs="+",
+                   help="rows of X (tokens per step) for every layer; several: the layers at each")
     p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
                    help="element type (default: each layer's weight dtype)")
     add_tune_args(p)
@@ -65,7 +63,10 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:
-    """What tune-linear and tune-model share with ``codegen search``."""
+    """What tune-linear and tune-model share with ``codegen search``, and --layout."""
+    p.add_argument("--layout", choices=[layout.value for layout in Layout], action="append", default=None,
+                   help="tune only this GEMM of each layer; repeat it for several (default: all three; "
+                        "inference needs forward alone)")
     p.add_argument("--family", choices=families.names(), action="append", default=None,
                    help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
                         "each; the store keeps all and a bundle takes the fastest). default per dtype: fp32 simt, "
@@ -120,11 +121,17 @@ def cmd_tune_linear(args: argparse.Namespace) -> int:
     from codegen.nn.tune import LayerShape, layer_problems
 
     shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
-    layouts = list(dict.fromkeys(args.layout or [layout.value for layout in Layout]))
+    layouts = asked_layouts(args)
     print(f"layer {shape.describe()}: {', '.join(layouts[:-1]) + ' and ' if len(layouts) > 1 else ''}{layouts[-1]} "
           f"GEMM{'s' if len(layouts) > 1 else ''}", file=sys.stderr)
     problems = {p: v for p, v in layer_problems({shape: ["layer"]}).items() if p.layout.value in layouts}
     return run_tuning(args, problems)
+
+
+def asked_layouts(args: argparse.Namespace) -> list[str]:
+    """The GEMMs of each layer --layout asks for (all three when not given), in the layer's order."""
+    asked = set(args.layout or [layout.value for layout in Layout])
+    return [layout.value for layout in Layout if layout.value in asked]
 
 
 def cmd_pick_step(args: argparse.Namespace) -> int:
@@ -193,20 +200,25 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
     from codegen.nn.tune import layer_problems, linear_layers, load_model
 
+    batches = list(dict.fromkeys(args.batch))
     try:
         model = load_model(args.model)
-        shapes = linear_layers(model, args.batch, DType(args.dtype) if args.dtype else None)
+        shapes = {}
+        for batch in batches:
+            shapes.update(linear_layers(model, batch, DType(args.dtype) if args.dtype else None))
     except ValueError as e:
         raise UsageError(f"{args.model}: {e}") from None
     if not shapes:
         raise Failure(f"{args.model} has no nn.Linear layer")
-    layers = sum(len(v) for v in shapes.values())
+    layers = sum(len(v) for v in shapes.values()) // len(batches)
+    at = f"batch {batches[0]}" if len(batches) == 1 else f"batches {', '.join(map(str, batches))}"
     print(f"{layers} linear layer{'s' if layers != 1 else ''}, {len(shapes)} distinct shape"
-          f"{'s' if len(shapes) != 1 else ''} at batch {args.batch}:", file=sys.stderr)
+          f"{'s' if len(shapes) != 1 else ''} at {at}:", file=sys.stderr)
     for shape, names in shapes.items():
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
         print(f"  {shape.describe()}: {shown}", file=sys.stderr)
-    return run_tuning(args, layer_problems(shapes))
+    layouts = asked_layouts(args)
+    return run_tuning(args, {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts})
 
 
 def run_tuning(args: argparse.Namespace, problems: dict) -> int:
@@ -262,6 +274,12 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
         raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
     except KeyboardInterrupt as e:
         print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        if args.bundle is not None and store is not None:  # what was stored so far, without engine timing
+            args.no_engine_verdict = True
+            try:
+                write_verdict_bundle(args, store, list(problems), replayed=bool(args.replay))
+            except Exception as e2:  # noqa: BLE001  (the interruption is what to report)
+                print(f"codegen {args.command}: no bundle written: {type(e2).__name__}: {e2}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(tuning_table(results, results_skipped))
     tuned = any(r.summary is not None and r.summary.best for r in results)
