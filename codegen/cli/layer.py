@@ -40,6 +40,11 @@ def register(commands: Commands) -> None:
                    help="stored kernels tried per GEMM, fastest alone first")
     p.add_argument("--reps", type=positive_int, default=30, help="timed graph replays per step tried")
     p.add_argument("--quiet", action="store_true", help="no line per step tried")
+    p.add_argument("--verdict-step", action="store_true",
+                   help="also judge each picked GEMM against torch's op inside the train step (the step with it on "
+                        "ours against the step with it on torch's op) and record that verdict (timing train_step) "
+                        "in the bundle, where it decides over the search's cold single calls")
+    add_margin_arg(p)
     add_db_arg(p)
     p.set_defaults(func=cmd_pick_step)
 
@@ -151,7 +156,7 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
         raise Failure("pick-step needs a CUDA GPU visible to torch")
     from codegen.export import export_kernel
     from codegen.nn import step as steps
-    from codegen.nn.bundle import pick_stored, write_bundle
+    from codegen.nn.bundle import Bundle, pick_stored, write_bundle
     from codegen.versions import versions
 
     check_writable(args.bundle, "--bundle", folder=True)
@@ -172,7 +177,18 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
         return (row, *export_kernel(st, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
                                     device_id=row["device_id"]))
 
-    index = write_bundle(store, args.bundle, choose=choose)
+    index = write_bundle(store, args.bundle, choose=choose, margin=args.margin)
+    judged = {}
+    if args.verdict_step:
+        judged = steps.judge(step, found["files"], args.reps, margin=args.margin)
+        bundle = Bundle(args.bundle)
+        for lay, (verdict, status) in judged.items():
+            if verdict is not None:
+                bundle.set_verdict(step.problems[lay], device, verdict)
+            print(f"{lay.value:11s} in the step against torch's op: "
+                  + (verdict.describe() if verdict is not None else f"no verdict ({status})"), file=sys.stderr)
+        bundle.save()
+        index = bundle.index
     doc = {"suite": "step_pick", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "device": device,
            "versions": {**versions(), "torch": torch.__version__}, "command": "codegen " + " ".join(sys.argv[1:]),
            "layer": {"batch": args.batch, "in": args.in_features, "out": args.out_features, "dtype": dtype.value,
@@ -181,7 +197,8 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
                       "note": "CUDA-event-timed graph replays of forward + autograd.grad, the L2 flushed before each"},
            "chosen": {lay.value: r["kernel"] for lay, r in found["chosen"].items()},
            "store_pick": {lay.value: r["kernel"] for lay, r in found["store_pick"].items()},
-           "final": found["final"], "trials": found["trials"]}
+           "final": found["final"], "trials": found["trials"],
+           "verdicts": {lay.value: (v.to_dict() if v is not None else {"status": st}) for lay, (v, st) in judged.items()}}
     (args.bundle / "step-pick.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     fin = found["final"]
     for lay, row in found["chosen"].items():

@@ -213,9 +213,9 @@ def pick_stored(store, problem: Problem, rows: list[dict]) -> tuple[dict, str, s
     rows of that problem on one device), or why there is none. The fastest whose stored source fits
     today's launch plan (codegen.export.check_source; one that does not is passed over); but among the
     kernels whose median lies within the fastest's 80th percentile (a tie that one measurement cannot
-    break), one whose plan does not zero its output first. On the H200 (2026-12-04) an atomic split-K
-    forward, 40.9 us alone against 41.3 for the two-pass one of the same tile, took 49.4 us in the train
-    step where the two-pass one took 42 (benchmarks/NOTES.md)."""
+    break), one whose plan does not zero its output first: an atomic split-K forward that ties a two-pass
+    one of the same tile alone ran markedly slower inside the train step, where its zeroing and atomics
+    meet the other GEMMs (benchmarks/NOTES.md, "2026-12-04 (ninth session)")."""
     from codegen.export import ExportError, SourceMismatch, export_kernel
 
     fitting, refused = [], []
@@ -267,10 +267,11 @@ class SeedKernels:
     For benchmarks and tests that have no store or bundle; not a substitute for tuning."""
 
     DEFAULT = {"fp32": ("simt",), "tf32": ("tensorcore",), "fp16": ("tensorcore",), "bf16": ("tensorcore",)}
-    #: Where the arch has it, the Hopper family goes first for 16-bit layers of at least this many rows
-    #: (on the H200 its 128-row tiles reach 0.9-1.1x cuBLAS at 4096 rows and more, but only 0.54x at
-    #: 128 rows, where the tensor-core seeds do better). Its backward GEMMs need 16-byte rows (M, N, K
-    #: multiples of 8 as the layout reads them); where they are not, the next family's seed is taken.
+    #: Where the arch has it, the Hopper family goes first for 16-bit layers of at least this many rows:
+    #: its 128-row tiles are near or past cuBLAS on large batches but leave most SMs idle on small ones,
+    #: where the tensor-core seeds do better (benchmarks/results/hopper-NVIDIA_H200-*.json; benchmarks/NOTES.md,
+    #: "2026-12-02: the Hopper probe re-run"). Its backward GEMMs need 16-byte rows (M, N, K multiples of
+    #: 8 as the layout reads them); where they are not, the next family's seed is taken.
     HOPPER_MIN_M = 256
 
     def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:

@@ -514,9 +514,8 @@ class _LinearFunction(torch.autograd.Function):
             else None
         held = None
         # On one stream dX goes first, right after the forward: after dW its kernel shared DRAM with
-        # the write-back of dW's output (batch 32, 4096x4096 fp32 on the H200, profiled: dX 47.8 us
-        # after dW against 41.7 us alone; the graph-replayed train step 140.0 us against 143.3;
-        # benchmarks/NOTES.md, seventh and eighth sessions).
+        # the write-back of dW's output and ran slower than alone, and so did the step (profiled:
+        # benchmarks/NOTES.md, "2026-12-02 (seventh session)" and the eighth session's device notes).
         if need_x and side is None:
             grad_x = linear_grad_input(kernels, grad_y, weight)
         if need_dw:
