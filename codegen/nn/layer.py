@@ -262,7 +262,8 @@ class Kernels:
         self._side: dict[int, torch.cuda.Stream] = {}  # device index -> the backward's side stream
         self._compiled: dict[tuple[Problem, str], _Compiled | str] = {}
         self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = {}  # a call's GEMM -> its kernel (_gemm())
-        self._plans: dict[tuple, bool] = {}  # a call's shape -> whether any of its GEMMs runs ours (_runs_ours())
+        self._plans: dict[tuple, bool] = {}  # a call's GEMMs -> whether any runs ours (_runs_ours())
+        self._calls: dict[tuple, bool] = {}  # a layer call's key -> the same (Linear.forward)
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.fallbacks: dict[tuple[str, str], str] = {}  # (problem key, device) -> reason, for inspection
@@ -553,14 +554,20 @@ class Linear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, bias = input, self.weight, self.bias
-        kind = input.device.type
+        kind = "cuda" if x.is_cuda else x.device.type
         autocast = torch.is_autocast_enabled(kind)
         dtype = torch.get_autocast_dtype(kind) if autocast else x.dtype
         grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                             or (bias is not None and bias.requires_grad))
-        if x.dim() == 0 or x.shape[-1] != self.in_features or not _runs_ours(
+        # Whether this call runs any GEMM on ours, read from a dict keyed by what decides it (cheap: the
+        # all-torch path below must cost what nn.Linear's call costs), resolved once per key.
+        key = (x.shape, dtype, weight.shape, weight.dtype, x.get_device(), autocast, grad, bias is None)
+        ours = self.kernels._calls.get(key)
+        if ours is None:
+            ours = self.kernels._calls[key] = x.dim() > 0 and x.shape[-1] == self.in_features and _runs_ours(
                 self.kernels, x.numel() // self.in_features, self.in_features, self.out_features, dtype,
-                dtype if autocast else weight.dtype, x.device, bias is not None, grad):
+                dtype if autocast else weight.dtype, x.device, bias is not None, grad)
+        if not ours:
             return F.linear(x, weight, bias)  # all on torch: nn.Linear's own call (autocast and all)
         if autocast:  # our GEMMs in the autocast dtype, then autocast off
             x, weight = x.to(dtype), weight.to(dtype)
