@@ -405,6 +405,10 @@ def test_benchmarks_take_ours_everywhere():
     kernels, selection = engine.kernels_of(args)
     assert kernels.ours_everywhere and "ours everywhere" in selection
     assert not engine.kernels_of(engine.parser().parse_args([]))[0].ours_everywhere
+    from benchmarks import linear_train, model
+
+    assert linear_train.parser().parse_args(["--ours-everywhere"]).ours_everywhere
+    assert model.parse(["--ours-everywhere"]).ours_everywhere and not model.parse([]).ours_everywhere
 
 
 def test_the_train_step_judges_each_gemm_against_torch_s_op_in_the_step():
