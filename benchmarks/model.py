@@ -122,6 +122,7 @@ def record(prob: dict, ours: list[float], dense: list[float], gemms: dict, check
         "problem": prob,
         "timing": timing,
         "ours": {"kernel": " + ".join(named) if named else None, **mine, "gemms": gemms, "fallbacks": fallbacks,
+                 "cublas_won": sum(str(why).startswith("cuBLAS won") for why in gemms.get("torch", {}).values()),
                  "check": check, "bundle": bundle, "status": "ok" if check.get("finite", True) else "wrong_result"},
         "baselines": {"dense": theirs},
         "ratio": {"dense": theirs["median_ms"] / mine["median_ms"] if check.get("finite", True) else None},

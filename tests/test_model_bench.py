@@ -50,6 +50,7 @@ def test_a_record_gives_the_ratio_to_the_dense_model_and_what_ran():
     assert r["timing"] == "eager" and r["ratio"]["dense"] == pytest.approx(12.0 / 11.0)
     assert r["ours"]["median_ms"] == 11.0 and r["baselines"]["dense"]["p80_ms"] == 13.0
     assert r["ours"]["kernel"] == "hp_a" and r["ours"]["fallbacks"] == 1 and r["ours"]["bundle"]["path"] == "b"
+    assert r["ours"]["cublas_won"] == 1
     line = bench.table([r]).splitlines()[1]
     assert "prefill" in line and "1.091" in line and "bit-identical" in line
     bad = bench.record(bench.problem(args, "train"), [1.0], [1.0], gemms, {**check, "finite": False}, {}, 0)
