@@ -193,8 +193,8 @@ def engine_candidates(bundle, device: str, *, again: bool = False) -> list[Probl
 def judge_in_engine_timing(bundle, *, again: bool = False, margin: float | None = None,
                            say: Callable[[str], None] = print) -> list[EngineJudged]:
     """Re-judge each of ``bundle``'s ``engine_candidates`` on this GPU against torch's op in engine
-    timing (codegen.nn.timing.engine_verdict), record each verdict in the bundle (timing ``engine``,
-    which then decides) and save its index. One line per problem through ``say``."""
+    timing (``engine_verdict``), record each verdict in the bundle (timing ``engine``, which then
+    decides) and save its index after each. One line per problem through ``say``."""
     import torch
 
     device = torch.cuda.get_device_name()
@@ -213,10 +213,9 @@ def judge_in_engine_timing(bundle, *, again: bool = False, margin: float | None 
         out.append(EngineJudged(problem, name, verdict, status))
         if verdict is not None:
             bundle.set_verdict(problem, device, verdict)
+            bundle.save()  # each verdict kept as soon as it is measured (a run cut short loses none)
             say(f"engine timing {problem.key}: ours {verdict.ours_ms * 1e3:.1f} us, cuBLAS "
                 f"{verdict.cublas_ms * 1e3:.1f} us: {verdict.describe()}")
         else:
             say(f"engine timing {problem.key}: no verdict ({status}); the cold_single one stands")
-    if out:
-        bundle.save()
     return out
