@@ -11,7 +11,8 @@
 # Each step under its own time limit, its log in $OUT/<step>.log and its wall time printed; the JSON
 # records, the bundle (tar.gz) and the store (gzipped) come back in $OUT; a short table last.
 # usage (device tool, carry .whl): bash benchmarks/device/model.sh
-# env: BUDGET (8), DECODE_FAMILIES ("tensorcore hopper"), T_PREFILL/T_DECODE/T_MODEL/T_ENGINE (step limits, s)
+# env: BUDGET (8), DECODE_FAMILIES ("tensorcore hopper"), T_PREFILL/T_DECODE/T_MODEL/T_ENGINE (step limits, s),
+#      GPU_TESTS=1 (first tests/gpu/test_verdict.py, about half a minute more)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 DB="sqlite:///$OUT/model.db"
@@ -32,6 +33,10 @@ step() {  # step NAME LIMIT_S COMMAND...: run under a limit (SIGINT first: tune-
   grep -E "^wrote|engine timing|^no engine|Traceback|Error" "$OUT/$name.log" | tail -8
 }
 
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  step gpu-tests 120 python3 -m pytest tests/gpu/test_verdict.py -q -p no:cacheprovider -o addopts="" -rfE
+  grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -3
+fi
 step prefill-tune "${T_PREFILL:-220}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims --batch 2048 \
   --family hopper --family tensorcore --budget "$BUDGET" --db "$DB" --bundle "$BUNDLE" --quiet
 step decode-tune "${T_DECODE:-120}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_decode_layers \
