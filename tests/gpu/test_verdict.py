@@ -100,7 +100,7 @@ def test_a_forward_that_won_runs_ours_and_backward_gemms_that_lost_run_torch(tmp
 def test_engine_timing_judges_a_seed_kernel_and_records_the_verdict(tmp_path):
     from codegen.nn.timing import engine_candidates, engine_verdict, judge_in_engine_timing
 
-    problems = linear_problems(16, 1024, 1024, DType.bf16, False)
+    problems = linear_problems(16, 4096, 4096, DType.bf16, False)  # 32 MiB weights: copies past L2
     forward = {Layout.forward: problems[Layout.forward]}
     bundle = _bundle(tmp_path / "b", forward, {Layout.forward: "ours"})
     device = torch.cuda.get_device_name()
