@@ -240,3 +240,4 @@ def linear_layers(model, batch: int, dtype: DType | None = None) -> dict[LayerSh
         shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None)
         shapes.setdefault(shape, []).append(name or "(model)")
     return shapes
+
