@@ -211,8 +211,8 @@ def measure(dense, ours, ids, phase: str, reps: int, rounds: int) -> tuple[list[
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times: dict[str, list[float]] = {"dense": [], "ours": []}
-    for _ in range(rounds):
-        for label in ("dense", "ours"):
+    for r in range(rounds):
+        for label in (("dense", "ours") if r % 2 == 0 else ("ours", "dense")):  # each goes first in half the rounds
             for _ in range(max(1, reps // rounds)):
                 if cuda:
                     start.record()
@@ -261,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=DEFAULTS["dtype"])
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the weights and the tokens")
     p.add_argument("--reps", type=int, default=20, help="timed calls per model and phase")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds the calls are split into")
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds the calls are split into")
     p.add_argument("--tiny", action="store_true", help="a small model of the same structure (hidden 64)")
     p.add_argument("--device", default="cuda", help="where the models run (cpu with --tiny: everything on torch)")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the results JSON")

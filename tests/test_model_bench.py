@@ -118,3 +118,16 @@ def test_tune_model_takes_the_factory(capsys, monkeypatch):
     assert cli.main(["tune-model", f"{path}:llama3_8b_dims", "--batch", "2048", "--family", "hopper"]) == 0
     assert "15 linear layers, 5 distinct shapes at batch 2048" in capsys.readouterr().err
     assert len(seen["p"]) == 15
+
+
+def test_measure_lets_each_side_go_first_in_half_the_rounds(monkeypatch):
+    """A fixed order would time the second side hotter (clocks fall under sustained load): the rounds
+    alternate which model is timed first."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import model as bench
+
+    order = []
+    monkeypatch.setattr(bench, "step_fn", lambda m, ids, phase: lambda: order.append(m))
+    ours, dense = bench.measure("dense", "ours", torch.zeros(1, 2, dtype=torch.long), "prefill", reps=4, rounds=4)
+    assert len(ours) == len(dense) == 4
+    assert order[2:] == ["dense", "ours", "ours", "dense", "dense", "ours", "ours", "dense"]  # after one warm-up each

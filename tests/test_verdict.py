@@ -448,3 +448,32 @@ def test_pick_step_takes_verdict_step_and_a_margin(capsys):
         cli.main(["pick-step", "--help"])
     out = capsys.readouterr().out
     assert "--verdict-step" in out and "--margin" in out
+
+
+def test_replace_linear_leaves_torch_a_layer_where_cublas_won_every_gemm(judged_store, tmp_path, caplog):
+    """64 -> 32: the bundle's only GEMM of it lost to cuBLAS, so the layer stays torch's nn.Linear (said
+    once); 64 -> 64 has a GEMM ours won and is swapped; ours_everywhere swaps both."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from codegen.nn.layer import Linear, replace_linear
+    from store import Store
+
+    with Store(judged_store) as store:
+        _add(store, Problem(128, 32, 64), 1.0, 0.9)
+        write_bundle(store, tmp_path / "b")
+    bundle = Bundle(tmp_path / "b")
+    assert bundle.cublas_won_all(64, 32, "fp32", False) and not bundle.cublas_won_all(64, 64, "fp32", False)
+    assert not bundle.cublas_won_all(64, 32, "fp32", True) and not bundle.cublas_won_all(64, 16, "fp32", False)
+
+    def model():
+        return nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(64, 64, bias=False), nn.Linear(64, 32, bias=False))
+
+    original = model()
+    kept = original[0]
+    with caplog.at_level(logging.WARNING, logger="gemmscape.nn"):
+        swapped = replace_linear(original, bundle)
+    assert [type(c) for c in swapped] == [nn.Linear, Linear, nn.Linear] and swapped[0] is kept
+    assert [r.getMessage() for r in caplog.records].count(
+        f"gemmscape: nn.Linear(64, 32, fp32) stays torch's: cuBLAS won every GEMM {bundle.location} holds for it") == 1
+    assert all(type(c) is Linear for c in replace_linear(model(), bundle, ours_everywhere=True))

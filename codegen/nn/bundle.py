@@ -184,6 +184,17 @@ class Bundle:
         return KernelFile(manifest, source, f"bundle {self.root}",
                           verdicts.Verdict.from_dict(entry.get("verdict"), problem))
 
+    def cublas_won_all(self, in_features: int, out_features: int, dtype: str, bias: bool) -> bool:
+        """Whether the bundle holds GEMMs of this linear layer (any batch, any device) and cuBLAS won
+        every one of them: then a model runs it best as torch's own ``nn.Linear`` (``replace_linear``
+        leaves it)."""
+        mine = [e for e in self.entries if e.get("layer", {}).get("in") == in_features
+                and e.get("layer", {}).get("out") == out_features and e.get("dtype") == dtype
+                and bool(e.get("bias")) == bias]
+        return bool(mine) and all(
+            (v := verdicts.Verdict.from_dict(e.get("verdict"), Problem.from_dict(e["problem"]))) is not None
+            and v.winner == "cublas" for e in mine)
+
     def entry(self, problem: Problem, device: str) -> dict | None:
         """The index entry ``find`` takes for ``problem`` on ``device`` (the fastest listed), or None."""
         here = [e for e in self.index.get("kernels", []) if e["key"] == problem.key and e["device"] == device]

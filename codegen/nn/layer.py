@@ -267,6 +267,7 @@ class Kernels:
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.fallbacks: dict[tuple[str, str], str] = {}  # (problem key, device) -> reason, for inspection
+        self.kept: set[tuple] = set()  # layers replace_linear left to torch (in, out, dtype, bias), said once
         self.unjudged: dict[tuple[str, str], str] = {}  # (problem key, device) -> why ours runs unjudged
 
     def __deepcopy__(self, memo) -> Kernels:  # a copied model shares the loaded kernels
@@ -594,14 +595,33 @@ class Linear(nn.Linear):
 def replace_linear(model: nn.Module, kernels, *, ours_everywhere: bool | None = None) -> nn.Module:
     """Swap every ``nn.Linear`` in ``model`` (in place) for a gemmscape ``Linear`` sharing its
     parameters, all with one ``Kernels`` from ``kernels`` (see ``kernels_from``; ``ours_everywhere``:
-    see ``Kernels``). Returns ``model``; a model that is itself an ``nn.Linear`` comes back as a new
-    ``Linear``."""
+    see ``Kernels``). A layer for which a bundle holds GEMMs and cuBLAS won every one of them stays
+    torch's ``nn.Linear`` (said once in the log), unless ``ours_everywhere``. Returns ``model``; a model
+    that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
     shared = kernels_from(kernels, ours_everywhere=ours_everywhere)
     if isinstance(model, nn.Linear) and not isinstance(model, Linear):
         return Linear.from_linear(model, shared)
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear) and not isinstance(child, Linear):
-            setattr(model, name, Linear.from_linear(child, shared))
+            if not _cublas_won_all(shared, child):
+                setattr(model, name, Linear.from_linear(child, shared))
         else:
             replace_linear(child, shared)
     return model
+
+
+def _cublas_won_all(kernels: Kernels, layer: nn.Linear) -> bool:
+    """Whether ``layer`` is best left to torch: the bundle says cuBLAS won each of its GEMMs."""
+    source = kernels.source
+    dtype = DTYPES.get(layer.weight.dtype)
+    if kernels.ours_everywhere or not isinstance(source, Bundle) or dtype is None:
+        return False
+    bias = layer.bias is not None
+    if not source.cublas_won_all(layer.in_features, layer.out_features, dtype.value, bias):
+        return False
+    said = (layer.in_features, layer.out_features, dtype.value, bias)
+    if said not in kernels.kept:
+        kernels.kept.add(said)
+        log.warning("gemmscape: nn.Linear(%d, %d, %s%s) stays torch's: cuBLAS won every GEMM %s holds for it",
+                    layer.in_features, layer.out_features, dtype.value, ", bias" if bias else "", source.location)
+    return True
