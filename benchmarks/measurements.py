@@ -274,14 +274,18 @@ def search_targets(results: Path, base: str) -> str:
     for r in doc["records"]:
         short = [r["short_searches"][f"seed{s}"]["of_long_best"] for s in doc["settings"]["seeds"]]
         ordered = sorted(short)
+        warm = (r.get("targets") or {}).get("warm_start")
         rows.append([f"fp32 {shape(r['problem'])} ({r['role'].split(':')[0]})",
                      f"{r['ours']['tflops']:.2f} TFLOP/s, {times(r['ratio']['cublas'])} cuBLAS",
-                     " / ".join(f"{v:.3f}" for v in short), f"{ordered[len(ordered) // 2]:.3f}",
+                     f"{r['seeded_short_search']['of_long_best']:.3f}",
+                     " / ".join(f"{v:.3f}" for v in short) + f" (median {ordered[len(ordered) // 2]:.3f})",
+                     "–" if not warm else f"{warm['of_long_best']:.3f}; 97% at trial {warm['trials_to_97pct_of_long_best']}",
                      *source(doc, r, SEARCH_TARGETS, base)])
-    header = [f"problem ({doc['settings']['family']} family, full space)",
-              f"best of a {doc['settings']['big']}-trial search (seeded)",
-              f"unseeded {doc['settings']['small']}-trial searches, seeds "
-              f"{'/'.join(str(s) for s in doc['settings']['seeds'])}: share of that best", "median", *TAIL]
+    big, small = doc["settings"]["big"], doc["settings"]["small"]
+    header = [f"problem ({doc['settings']['family']} family, full space)", f"best of a {big}-trial search (seeded)",
+              f"its first {small} trials: share of that best",
+              f"unseeded {small}-trial searches, seeds {'/'.join(str(s) for s in doc['settings']['seeds'])}: share",
+              f"warm start from the other shapes' store, {doc['settings']['warm']} trials: share", *TAIL]
     return table(header, rows)
 
 
