@@ -1,8 +1,9 @@
 """``codegen`` command line: compile, bench, search, sweep, export, tune-linear, pick-step, tune-model,
 results, app.
 
-``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
-times and default to the dtype's families, codegen.nn.tune.DEFAULT_FAMILIES); the variant options are
+``--family NAME`` picks a kernel family; without it every command takes what search.fit's one rule
+says fits the problem on the arch (search, tune-linear and tune-model: every such family, and they
+take ``--family`` several times; compile, bench and sweep: the first of them). The variant options are
 that family's own, built from its spec's fields (``codegen bench --family NAME --help`` lists them).
 
 Exit codes (codegen.cli.errors): 0 done; 1 it ran and the answer is a failure (a kernel failed,

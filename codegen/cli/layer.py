@@ -74,8 +74,9 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "inference needs forward alone)")
     p.add_argument("--family", choices=families.names(), action="append", default=None,
                    help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
-                        "each; the store keeps all and a bundle takes the fastest). default per dtype: fp32 simt, "
-                        "tf32 tensorcore, fp16 and bf16 tensorcore and hopper (skipped with its reason off sm_90)")
+                        "each; the store keeps all and a bundle takes the fastest). default: every family that fits "
+                        "the GEMM, as codegen search takes them: fp32 simt; fp16 and bf16 hopper (sm_90) and "
+                        "tensorcore, and direct for a block-sparse W; tf32 tensorcore")
     p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM and family")
     p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
                    help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
@@ -244,7 +245,7 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     from codegen.versions import versions
     from search.measure import NoGpu, ReplayError, ReplayMeasurer
 
-    asked = args.family  # None: each dtype's default families (codegen.nn.tune.DEFAULT_FAMILIES)
+    asked = args.family  # None: every family that fits each GEMM (codegen.nn.tune.families_for)
     space_name = "restricted" if args.restricted else "full"
     seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
     results_skipped = []
