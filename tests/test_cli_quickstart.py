@@ -210,3 +210,24 @@ def test_main_module_runs_and_exit_code_passes_through(tmp_path):
                          timeout=120)
     assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
     assert errors.EXIT_USAGE == 2
+
+
+# ---- what the README's commands write stays out of git ----------------------------------------------
+def test_the_readme_s_output_folders_are_ignored_by_git():
+    """Every folder the README's commands write into (``--out DIR/``, ``--bundle DIR/``, relative to
+    the repository, as the quick start runs them) is ignored by git, so a quick start leaves the
+    checkout clean."""
+    import re
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme = (root / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
+    folders = sorted(set(re.findall(r"--(?:out|bundle) ([A-Za-z_][\w.-]*/)", blocks)))
+    assert "exported/" in folders and "kernels/" in folders
+    for folder in folders:
+        probe = f"{folder}some_kernel.cu"
+        ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
+        assert ignored.returncode == 0, f"{probe} (written by a README command) is not ignored by git"
