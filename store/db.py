@@ -70,12 +70,16 @@ def _sqlite_pragmas(engine: Engine, read_only: bool) -> None:
         cursor.close()
 
 
+def missing_message(path: Path) -> str:
+    """What to say where a store is to be read and there is none: the one message of the command
+    line (``codegen results``, ``export``, ``app``...), the store and the dashboard."""
+    return (f"no gemmscape database at {path}: run a search first (`codegen search ...`), or name one with "
+            f"--db URL or the {ENV_VAR} environment variable")
+
+
 def _read_only_sqlite_url(path: Path) -> URL:
     if not path.exists():
-        raise DatabaseMissing(
-            f"No gemmscape database at {path}. Run a search first (`codegen search ...`), "
-            f"or point to an existing one with --db URL or the {ENV_VAR} environment variable."
-        )
+        raise DatabaseMissing(missing_message(path))
     return URL.create("sqlite", database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
 
 

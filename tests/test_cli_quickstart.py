@@ -130,9 +130,22 @@ def test_app_marks_the_recording(replayed, monkeypatch):
     assert at.get("vega_lite_chart"), "the recorded H200's roofline is drawn with the H200's ceilings"
 
 
-def test_app_refuses_a_missing_named_store(capsys, tmp_path):
-    code, _, err = run(["app", "--db", f"sqlite:///{tmp_path / 'nope.db'}"], capsys)
-    assert code == 2 and "no gemmscape database" in one_line(err)
+def test_app_refuses_a_missing_named_store_as_results_does(capsys, tmp_path, monkeypatch):
+    """One message, from one place, for a store named to be read that is not there: what it is and
+    what to do; exit 1 (nothing found) from app as from results, and the dashboard is not started."""
+    from app import launch
+
+    monkeypatch.setattr(launch, "run", lambda *a: pytest.fail("the dashboard started"))
+    url = f"sqlite:///{tmp_path / 'nope.db'}"
+    said = {}
+    for command in ("app", "results"):
+        code, out, err = run([command, "--db", url], capsys)
+        assert code == errors.EXIT_FAILURE and out == ""
+        said[command] = one_line(err).removeprefix(f"codegen {command}: ")
+    assert said["app"] == said["results"]
+    assert said["app"].startswith(f"no gemmscape database at {tmp_path / 'nope.db'}: run a search first")
+    assert "--db URL or the GEMMSCAPE_DB environment variable" in said["app"]
+    assert not (tmp_path / "nope.db").exists()
 
 
 # ---- export --best over several devices ------------------------------------------------------------

@@ -93,7 +93,7 @@ def store_url(url: str | None) -> str:
 def check_store(url: str | None, read_only: bool = False) -> str:
     """Check what ``url`` names before anything opens it: a SQLite file must be a SQLite database
     and, to write, writable (or creatable). Returns the URL to open."""
-    from store.db import sqlite_path
+    from store.db import missing_message, sqlite_path
 
     url = store_url(url)
     path = sqlite_path(url)
@@ -110,8 +110,7 @@ def check_store(url: str | None, read_only: bool = False) -> str:
         if head and head != SQLITE_HEADER:
             raise UsageError(f"{path} is not a SQLite database, so not a gemmscape store")
     elif read_only:
-        raise Failure(f"no gemmscape database at {path}: run a search first (`codegen search ...`), or name one "
-                      f"with --db URL or the GEMMSCAPE_DB environment variable")
+        raise Failure(missing_message(path))
     if not read_only:
         check_writable(path, "the store", folder=False)
     return url

@@ -7,7 +7,7 @@ import json
 import sys
 
 from codegen.cli.checks import check_store, open_store, safe_url, store_url
-from codegen.cli.errors import EXIT_FAILURE, EXIT_OK, Failure, UsageError
+from codegen.cli.errors import EXIT_FAILURE, EXIT_OK, Failure
 from codegen.cli.options import Commands, add_db_arg, port_number, positive_int
 
 
@@ -51,10 +51,8 @@ def cmd_app(args: argparse.Namespace) -> int:
 
     url = store_url(args.db)
     path = sqlite_path(url)
-    if path is not None and path.exists():
+    if path is not None and (path.exists() or args.db):  # a missing default store: the dashboard says what to do
         check_store(url, read_only=True)
-    elif args.db and path is not None:
-        raise UsageError(f"no gemmscape database at {path}")
     print(f"dashboard on http://127.0.0.1:{args.port}, reading {safe_url(url)} read-only (Ctrl-C stops it)",
           file=sys.stderr)
     return run(args.db, args.port)
