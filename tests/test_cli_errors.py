@@ -107,6 +107,31 @@ def test_db_in_a_place_that_cannot_be_written(where, capsys, tmp_path, default_s
                  default=default_store)
 
 
+@pytest.mark.parametrize("via", ["--db", "GEMMSCAPE_DB"])
+def test_db_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_created(via, capsys, tmp_path, monkeypatch):
+    """A store named in a missing folder (a typo, a path meant for another machine) is a usage error
+    that says to create the folder; no folder is made for it, whoever runs gemmscape (root too)."""
+    url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
+    argv = ["search", *BIG, "--replay", str(RECORDING), "--budget", "3", "--quiet"]
+    if via == "--db":
+        argv += ["--db", url]
+    else:
+        monkeypatch.setenv("GEMMSCAPE_DB", url)
+    line = assert_usage(argv, capsys, f"the folder of the store {tmp_path / 'no' / 'such' / 'dir' / 'x.db'} does "
+                        f"not exist: create it first (mkdir -p {tmp_path / 'no' / 'such' / 'dir'})")
+    assert line.startswith("codegen search: ") and list(tmp_path.iterdir()) == []
+
+
+def test_the_default_store_s_folder_is_created(capsys, tmp_path, monkeypatch):
+    """With no --db and no GEMMSCAPE_DB the store is ~/.local/share/gemmscape/gemmscape.db, whose
+    folder gemmscape creates on first use."""
+    monkeypatch.delenv("GEMMSCAPE_DB")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code, _, err = run(["search", *BIG, "--replay", str(RECORDING), "--budget", "2", "--quiet"], capsys)
+    assert code == 0, err
+    assert (tmp_path / ".local" / "share" / "gemmscape" / "gemmscape.db").is_file()
+
+
 def test_db_read_only_file_is_refused_for_writing(capsys, tmp_path, default_store, monkeypatch):
     path = tmp_path / "ro.db"
     path.write_bytes(b"")

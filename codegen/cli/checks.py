@@ -92,8 +92,9 @@ def store_url(url: str | None) -> str:
 
 def check_store(url: str | None, read_only: bool = False) -> str:
     """Check what ``url`` names before anything opens it: a SQLite file must be a SQLite database
-    and, to write, writable (or creatable). Returns the URL to open."""
-    from store.db import missing_message, sqlite_path
+    and, to write, writable, or creatable in a folder that exists (the default store's folder
+    excepted, which the store creates: store.db.folder_problem). Returns the URL to open."""
+    from store.db import folder_problem, missing_message, sqlite_path
 
     url = store_url(url)
     path = sqlite_path(url)
@@ -113,6 +114,9 @@ def check_store(url: str | None, read_only: bool = False) -> str:
         raise Failure(missing_message(path))
     if not read_only:
         check_writable(path, "the store", folder=False)
+        reason = None if path.exists() else folder_problem(path)
+        if reason:
+            raise UsageError(reason)
     return url
 
 
