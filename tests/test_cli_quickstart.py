@@ -244,3 +244,26 @@ def test_the_readme_s_output_folders_are_ignored_by_git():
         probe = f"{folder}some_kernel.cu"
         ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
         assert ignored.returncode == 0, f"{probe} (written by a README command) is not ignored by git"
+
+
+# ---- codegen app: the port is checked before the URL is printed and the server started ----------------
+def test_app_on_a_busy_port_is_one_line_and_starts_nothing(db, capsys, monkeypatch):
+    import socket
+
+    from app import launch
+
+    started = []
+    monkeypatch.setattr(launch, "run", lambda url, port: started.append(port) or 0)
+    url, _ = db
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, out, err = run(["app", "--db", url, "--port", str(port)], capsys)
+        assert code == errors.EXIT_USAGE and out == "" and started == []
+        line = one_line(err)
+        assert line == (f"codegen app: port {port} on 127.0.0.1 is in use (another dashboard?): stop what holds it, "
+                        f"or choose another with --port N")
+        assert "http://" not in err
+    code, _, err = run(["app", "--db", url, "--port", str(port)], capsys)  # free again: the URL, then the server
+    assert code == 0 and started == [port] and f"dashboard on http://127.0.0.1:{port}" in one_line(err)
