@@ -369,12 +369,61 @@ def test_gpus_that_cannot_be_used_are_one_line(gpus, needle, capsys, db, default
                   "--db", url], capsys, needle, db_path=path, default=default_store)
 
 
-def test_pick_step_without_a_gpu_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch):
-    """pick-step times the layer on the GPU: without one (torch sees none, as on CI) it says so in one
-    line, exit 1, and no bundle folder appears."""
+NO_DRIVER = "no NVIDIA driver here (nvidia-smi not found)"
+NEEDS_GPU = f"{NO_DRIVER}: it needs an NVIDIA GPU and its driver"
+SMALL = ["--m", "64", "--n", "64", "--k", "64"]
+LAYER_64 = ["--batch", "32", "--in", "64", "--out", "64"]
+
+
+NO_GPU_CASES = [
+    (["bench", *SMALL], "; `codegen compile` renders and compiles a variant without one"),
+    (["search", *SMALL, "--budget", "2"],
+     "; to search recorded H200 measurements without one use --replay FILE (see README)"),
+    (["sweep", *SMALL, "--out", "OUT/r.json"], ""),
+    (["tune-linear", *LAYER_64, "--budget", "2", "--quiet"], "; to tune from a recording without one use --replay FILE"),
+    (["tune-model", "MODEL", "--batch", "4", "--budget", "2", "--quiet"],
+     "; to tune from a recording without one use --replay FILE"),
+    (["pick-step", *LAYER_64, "--bundle", "OUT/b"], ""),
+]
+
+
+@pytest.mark.parametrize("argv,then", NO_GPU_CASES, ids=[argv[0] for argv, _ in NO_GPU_CASES])
+def test_every_command_that_needs_a_gpu_says_so_in_the_same_line(argv, then, capsys, tmp_path, monkeypatch):
+    """No GPU (nvidia-smi REPLACED by one that is not there, so on a GPU machine too): the same line
+    from every command that runs kernels on one, what to do without one where there is a way, exit 2,
+    nothing written: no store, no recording, no bundle, no worker started. --debug shows NoGpu."""
+    monkeypatch.setattr("codegen.worker.why_no_gpu", lambda: NO_DRIVER)
+    monkeypatch.setattr("multiprocessing.get_context", lambda *a: pytest.fail("a worker process was started"))
+    (tmp_path / "model.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(8, 8)\n")
+    out = tmp_path / "out"
+    argv = [str(out) + a[3:] if a.startswith("OUT/") else f"{tmp_path / 'model.py'}:make" if a == "MODEL" else a
+            for a in argv]
+    db = tmp_path / "db" / "g.db"
+    (tmp_path / "db").mkdir()
+    line = assert_usage([*argv, "--db", f"sqlite:///{db}"], capsys)
+    assert line == f"codegen {argv[0]}: {NEEDS_GPU}{then}"
+    assert not db.exists() and not out.exists() and list((tmp_path / "db").iterdir()) == []
+    from codegen.worker import NoGpu
+
+    with pytest.raises(NoGpu, match="nvidia-smi not found"):
+        cli.main(["--debug", *argv, "--db", f"sqlite:///{db}"])
+
+
+def test_bench_without_a_gpu_never_loads_the_driver_library(capsys, monkeypatch, tmp_path):
+    """What a new user met: bench on a machine without a GPU printed the driver library's own error
+    (DynamicLibNotFoundError: "cuda" is an NVIDIA driver library...). No GPU is found before any
+    worker starts, as search finds it."""
+    monkeypatch.setattr("codegen.worker.why_no_gpu", lambda: NO_DRIVER)
+    line = assert_usage(["bench", *SMALL, "--db", f"sqlite:///{tmp_path / 'g.db'}"], capsys)
+    assert "DynamicLib" not in line and "GPU worker" not in line and NEEDS_GPU in line
+
+
+def test_pick_step_when_torch_sees_no_gpu_is_the_same_line(capsys, tmp_path, monkeypatch, gpu_said_present):
+    """pick-step times the layer in torch: nvidia-smi lists a GPU but torch sees none (a CPU-only
+    build) is said as every missing GPU is, exit 2, and no bundle folder appears."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     bundle = tmp_path / "b"
-    line = assert_usage(["pick-step", "--batch", "32", "--in", "64", "--out", "64", "--bundle", str(bundle),
-                         "--db", f"sqlite:///{tmp_path / 's.db'}"], capsys, "needs a CUDA GPU", code=1)
+    line = assert_usage(["pick-step", *LAYER_64, "--bundle", str(bundle), "--db", f"sqlite:///{tmp_path / 's.db'}"],
+                        capsys, f"torch {torch.__version__} sees no CUDA GPU", ": it needs an NVIDIA GPU and its driver")
     assert line.startswith("codegen pick-step:") and not bundle.exists()

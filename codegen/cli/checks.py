@@ -1,5 +1,6 @@
-"""Places on disk and the store, checked before anything is written: a bad one is a UsageError
-(exit 2) that says why, and a store that is not there to read is a Failure (exit 1)."""
+"""Places on disk, the store and the GPU, checked before anything is written: a bad one is a
+UsageError (exit 2) that says why, and a store that is not there to read is a Failure (exit 1).
+No GPU to run on is one line for every command that needs one (``no_gpu_line``, exit 2)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,21 @@ def one_line(e: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines()
                     if line.strip() and not line.strip().startswith("(Background on this error"))
 
+
+
+#: What a command that runs kernels on the GPU can do without one: the end of its no-GPU line.
+WITHOUT_GPU = {
+    "bench": "`codegen compile` renders and compiles a variant without one",
+    "search": "to search recorded H200 measurements without one use --replay FILE (see README)",
+    "tune-linear": "to tune from a recording without one use --replay FILE",
+    "tune-model": "to tune from a recording without one use --replay FILE",
+}
+
+
+def no_gpu_line(e: BaseException, command: str | None) -> str:
+    """The one line of every command that needs a GPU and finds none it can use (codegen.worker.NoGpu,
+    or a GPU worker that cannot start): what is missing, that the command needs a GPU, and what it
+    can do without one."""
+    reason = one_line(e).rstrip(".")
+    alternative = WITHOUT_GPU.get(command or "")
+    return f"{reason}: it needs an NVIDIA GPU and its driver" + (f"; {alternative}" if alternative else "")

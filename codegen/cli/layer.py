@@ -83,6 +83,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
 def cmd_tune_linear(args: argparse.Namespace) -> int:
     from codegen.nn.tune import LayerShape, layer_problems
 
+    gpu_unless_replay(args)
     shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
     print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
     return run_tuning(args, layer_problems({shape: ["layer"]}))
@@ -96,13 +97,17 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
     dtype = DType(args.dtype)
     if dtype not in (DType.fp32, DType.fp16, DType.bf16):
         raise UsageError(f"--dtype {dtype.value}: pick-step runs the layer in torch, whose dtypes are fp32, fp16, bf16")
+    from codegen.worker import NoGpu, require_gpu
+
+    require_gpu()
     try:
         import torch
     except ImportError:
         raise UsageError("pick-step times the layer's train step in torch: install the torch extra "
                          "(pip install 'gemmscape[torch]')") from None
     if not torch.cuda.is_available():
-        raise Failure("pick-step needs a CUDA GPU visible to torch")
+        raise NoGpu(f"torch {torch.__version__} sees no CUDA GPU" + ("" if torch.version.cuda else
+                                                                       " (a CPU-only build of torch)"))
     from codegen.export import export_kernel
     from codegen.nn import step as steps
     from codegen.nn.bundle import pick_stored, write_bundle
@@ -154,6 +159,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
     from codegen.nn.tune import layer_problems, linear_layers, load_model
 
+    gpu_unless_replay(args)
     try:
         model = load_model(args.model)
         shapes = linear_layers(model, args.batch, DType(args.dtype) if args.dtype else None)
@@ -170,11 +176,20 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     return run_tuning(args, layer_problems(shapes))
 
 
+def gpu_unless_replay(args: argparse.Namespace) -> None:
+    """Without --replay the GEMMs are measured: no GPU is said first (codegen.worker.NoGpu), before
+    anything is printed or the store is opened (and created)."""
+    if not args.replay:
+        from codegen.worker import require_gpu
+
+        require_gpu()
+
+
 def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
     from codegen.nn.tune import tune
     from codegen.versions import versions
-    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+    from search.measure import ReplayError, ReplayMeasurer
 
     asked = args.family  # None: each dtype's default families (codegen.nn.tune.DEFAULT_FAMILIES)
     space_name = "restricted" if args.restricted else "full"
@@ -215,8 +230,6 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
                        say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
                        command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
                        space=recorded.space if args.replay else None)
-    except NoGpu as e:
-        raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
     except KeyboardInterrupt as e:
         print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -203,7 +203,6 @@ def _families_here(args: argparse.Namespace, problem: Problem, limits) -> list:
 def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
     """A search on the GPU (those of --gpus): its measurer, the families' spaces, the space name and
     the store."""
-    from search.measure import NoGpu
     from search.parallel import gpu_measurer
 
     space_name = "restricted" if args.restricted else "full"
@@ -211,12 +210,9 @@ def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
     check_cache()
     if not args.no_store:
         check_store(args.db)
-    try:
+    try:  # no GPU: NoGpu, said by codegen.cli.main as for every command that needs one
         measurer = gpu_measurer(problem, args.gpus, arch=args.arch, timeout_s=args.timeout,
                                 baseline=not args.no_baseline)
-    except NoGpu as e:
-        raise UsageError(f"{e}; to search recorded H200 measurements without a GPU use --replay FILE "
-                         f"(see README)") from None
     except ValueError as e:  # --gpus naming GPUs that are not there, or of different models
         raise UsageError(str(e)) from None
     try:
@@ -267,7 +263,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from search.measure import GpuMeasurer, NoGpu
+    from search.measure import GpuMeasurer
     from search.space import narrowings, space_for
 
     problem = problem_from_args(args)
@@ -296,10 +292,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 earlier.get("space") != space.to_dict():
             raise UsageError(f"--resume {args.resume} is not a recording of {problem.key} over the "
                              f"{args.space} space")
-    try:
-        measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
-    except NoGpu as e:
-        raise UsageError(str(e)) from None
+    measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)  # no GPU: NoGpu (codegen.cli.main)
     from search.sweep import sweep
 
     try:
