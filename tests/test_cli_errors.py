@@ -196,6 +196,51 @@ def test_a_replay_of_another_problem_or_family(capsys, db, default_store, toy_fa
                  "records the simt family, not toy", default=default_store)
 
 
+BF16_RECORDING = RECORDING.with_name("replay-tensorcore-large-4096x4096x4096-bf16.json")
+
+
+@pytest.mark.parametrize("given", [[], BIG, [*BIG, "--dtype", "bf16", "--layout", "forward"]],
+                         ids=["nothing", "shape", "all-agreeing"])
+def test_a_replay_gives_the_problem_options_left_out(given, capsys, tmp_path):
+    """What a new user met: `search --m 4096 --n 4096 --k 4096 --replay <the bf16 recording>` said the
+    recording records bf16, not fp32, as though the user had asked for fp32. The recording's problem
+    gives every problem option left out; those given agree with it."""
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    code, out, err = run(["search", *given, "--replay", str(BF16_RECORDING), "--budget", "2", "--quiet", "--json",
+                          "--db", url], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["study"].startswith("gemmscape:4096x4096x4096_bf16_forward:tensorcore-replay:") and doc["evaluated"] == 2
+
+
+@pytest.mark.parametrize("given,line", [
+    (["--dtype", "fp32"], "--dtype fp32 does not match {file}, which records 4096x4096x4096_bf16_forward: leave it out "
+                          "(the recording gives it), or replay a recording of your problem"),
+    (["--m", "64", "--bias", "--layout", "grad_weight"],
+     "--m 64, --layout grad_weight, --bias do not match {file}, which records 4096x4096x4096_bf16_forward: leave them "
+     "out (the recording gives them), or replay a recording of your problem"),
+])
+def test_a_replay_refuses_problem_options_that_contradict_it(given, line, capsys, db):
+    url, path = db
+    got = assert_usage(["search", *given, "--replay", str(BF16_RECORDING), "--budget", "2", "--db", url], capsys,
+                       db_path=path)
+    assert got == "codegen search: " + line.format(file=BF16_RECORDING)
+
+
+def test_tune_linear_takes_the_dtype_of_its_recording(capsys, tmp_path, monkeypatch):
+    """tune-linear --replay: the recording gives the dtype (and bias) of the layer's GEMM it measured;
+    a --dtype that contradicts it is one line, nothing written."""
+    layer = ["tune-linear", "--batch", "4096", "--in", "4096", "--out", "4096", "--replay", str(BF16_RECORDING),
+             "--budget", "2", "--quiet"]
+    db = tmp_path / "g.db"
+    assert_usage([*layer, "--dtype", "fp32", "--db", f"sqlite:///{db}"], capsys,
+                 f"--dtype fp32 does not match {BF16_RECORDING}, which records 4096x4096x4096_bf16_forward")
+    assert not db.exists()
+    code, out, err = run([*layer, "--db", f"sqlite:///{db}"], capsys)
+    assert code == 0, err
+    assert "layer 4096x4096->4096 bf16:" in err and "4096x4096x4096_bf16_forward" in out.splitlines()[1]
+
+
 # ---- --out -----------------------------------------------------------------------------------------
 def test_export_out_onto_a_file_or_under_one(capsys, tmp_path, db):
     url, path = db

@@ -12,17 +12,19 @@ from pathlib import Path
 from codegen import families
 from codegen.cli.checks import check_cache, check_store, check_writable, open_store
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Failure, UsageError
-from codegen.cli.options import Commands, add_db_arg, add_gpu_args, positive_int
-from codegen.cli.search import search_seeds
-from codegen.problem import DType
+from codegen.cli.options import DEFAULT_DTYPE, Commands, add_db_arg, add_gpu_args, positive_int, take_recorded
+from codegen.cli.search import read_recording, search_seeds
+from codegen.problem import DType, Layout
 from search import DEFAULT_SAMPLER, SAMPLERS
 
 
 def register(commands: Commands) -> None:
     p = commands.add("tune-linear", "tune the three GEMMs of one linear layer (forward, grad_input, grad_weight)")
     add_shape_args(p)
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
-    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help=f"element type (default: {DEFAULT_DTYPE}; with --replay, the recording's)")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db; "
+                   "with --replay: as the recording)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_linear)
 
@@ -84,7 +86,12 @@ def cmd_tune_linear(args: argparse.Namespace) -> int:
     from codegen.nn.tune import LayerShape, layer_problems
 
     gpu_unless_replay(args)
-    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
+    if args.replay:  # the recording gives the dtype (and the bias) its GEMM was measured with
+        recorded = read_recording(args.replay).problem
+        take_recorded(args, args.replay, recorded.key, {
+            "dtype": ("--dtype", recorded.dtype.value),
+            **({"bias": ("--bias", recorded.bias)} if recorded.layout is not Layout.grad_input else {})})
+    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype or DEFAULT_DTYPE), args.bias)
     print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
     return run_tuning(args, layer_problems({shape: ["layer"]}))
 
