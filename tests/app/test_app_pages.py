@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -269,6 +270,10 @@ class TestPagesOnReplayedSearch:
         assert "replayed from a recording" in texts(at)
         assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]  # as the CLI exports it
         assert "today's render, not measured" in texts(at)
+        measured = Store(os.environ["GEMMSCAPE_DB"], read_only=True).kernel_record(STALE.name)["source_hash"]
+        assert (f"the recording {REPLAYED['name']} measured source {measured} (a recording keeps source hashes, not "
+                f"sources); today's templates render other source ({source_hash(render(STALE))}): this export, which "
+                f"was not measured") in texts(at)  # the label of `codegen export`, word for word
 
     def test_kernel_page_says_when_todays_render_is_what_was_measured(self) -> None:
         at = self.kernel_page(MATCHING.name)
