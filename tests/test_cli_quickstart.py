@@ -105,9 +105,9 @@ def test_export_best_of_the_replay(replayed, capsys, monkeypatch, tmp_path):
     assert 'extern "C" __global__' in cu
     # Whether today's templates still render the source the H200 measured is read from the recording
     # itself (each result keeps the hash of its source). Where they do not (the recording's SIMT
-    # sources are those of commit 9ad82c1; the cp.async path that came 4 minutes later changed every
-    # one of them), the measurement is not pinned on this source: it is reported beside it, under
-    # the hash of the source it measured, and the export says it is today's render, not measured.
+    # sources are those of commit 9ad82c1, and the template has changed every one of them since), the
+    # measurement is not pinned on this source: it is reported beside it, under the hash of the
+    # source it measured, and the export says it is today's render, not measured.
     from codegen.families import spec_from_name
     from codegen.render import render, source_hash
 
