@@ -146,6 +146,27 @@ def test_app_marks_the_recording(replayed, monkeypatch):
     assert at.get("vega_lite_chart"), "the recorded H200's roofline is drawn with the H200's ceilings"
 
 
+def test_app_counts_and_shows_the_replay_as_the_cli_does(replayed, monkeypatch):
+    """On the store the quick start's replay left: the overview counts the trials the search said it
+    evaluated (invalid points apart), and the Kernel page of the replayed best shows today's render
+    of its spec, said not to be the source measured (never "never compiled")."""
+    from streamlit.testing.v1 import AppTest
+
+    url, _, _, out = replayed
+    summary = json.loads(out.stdout)
+    monkeypatch.setenv("GEMMSCAPE_DB", url)
+    main = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    at = AppTest.from_file(str(main), default_timeout=60).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["trials"] == str(summary["evaluated"]) == "12"
+    at.switch_page("pages/kernel.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.selectbox(key="kernel_name").value == summary["best"]["kernel"]
+    shown = " ".join(str(e.value) for e in [*at.info, *at.warning, *at.caption, *at.markdown])
+    assert "never compiled" not in shown and "rejected before it was rendered" not in shown
+    assert [c for c in at.code if c.language == "cpp"], "today's render of the replayed best is shown"
+
+
 def test_app_refuses_a_missing_named_store_as_results_does(capsys, tmp_path, monkeypatch):
     """One message, from one place, for a store named to be read that is not there: what it is and
     what to do; exit 1 (nothing found) from app as from results, and the dashboard is not started."""
