@@ -102,7 +102,7 @@ def test_tune_linear_tunes_what_it_can_and_skips_the_rest(tuned, capsys):
     assert err.count("skip ") == 2 and "32x4096x4096_fp32_grad_input" in err
 
 
-def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsys, monkeypatch):
+def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsys, monkeypatch, gpu_said_present):
     """Without --replay each GEMM gets a GPU measurer; here gpu_measurer is REPLACED by the replayed
     recording (forward only), and ``generated`` is REPLACED to refuse the backward layouts, so the
     test does not depend on what the families generate today."""
@@ -171,7 +171,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
                          lambda p: Measurer(), budget=1, progress=False, say=said.append)[0].family == "simt"
 
 
-def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(capsys, monkeypatch):
+def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(capsys, monkeypatch, gpu_said_present):
     seen = {}
 
     def record(problems, families, *a, **kw):
@@ -214,8 +214,9 @@ def make():
 
 
 @pytest.fixture
-def captured(monkeypatch):
-    """run_tuning REPLACED by a recorder: these tests check what tune-model asks to tune."""
+def captured(monkeypatch, gpu_said_present):
+    """run_tuning REPLACED by a recorder (and a GPU said to be there): these tests check what
+    tune-model asks to tune."""
     seen = {}
 
     def record(args, problems):

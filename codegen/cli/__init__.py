@@ -28,7 +28,7 @@ import sys
 
 from codegen import families
 from codegen.cli import export, kernel, layer, results, search
-from codegen.cli.checks import one_line
+from codegen.cli.checks import no_gpu_line, one_line
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, Failure, UsageError
 from codegen.cli.options import DEFAULT_FAMILY, Commands, HelpFormatter, Parser
 
@@ -96,10 +96,12 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code (see the module docstring). A user mistake, a store
-    that cannot be used and a compiler that cannot run become one line on stderr; with ``--debug``
-    they raise instead. Any other exception is a bug in gemmscape and keeps its traceback."""
+    that cannot be used, a compiler that cannot run and no GPU to run on become one line on stderr;
+    with ``--debug`` they raise instead. Any other exception is a bug in gemmscape and keeps its
+    traceback."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from codegen.worker import WorkerUnavailable
     from store import StoreError
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -117,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(args, str(e))
         return EXIT_FAILURE
+    except WorkerUnavailable as e:  # no GPU (codegen.worker.NoGpu), or one whose worker cannot start
+        if debug:
+            raise
+        _say(args, no_gpu_line(e, getattr(args, "command", None)))
+        return EXIT_USAGE
     except (StoreError, SQLAlchemyError) as e:
         if debug:
             raise

@@ -85,7 +85,7 @@ def cmd_export_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from codegen.export import ExportError, export_kernel, write_export
+    from codegen.export import ExportError, export_kernel, other_source_note, write_export
     from store.records import is_recorded
 
     if args.bundle is not None:
@@ -128,10 +128,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as e:
         raise Failure(str(e)) from None
     doc = json.loads(texts[1])
-    if doc.get("measured_other_source"):
-        print(f"note: {name} was measured with source {str(doc['measured_other_source']['source_hash'])[:12]}…, "
-              f"which is not stored and which the templates no longer render; this export is today's render, "
-              f"not measured (the manifest's measured_other_source says what was)", file=sys.stderr)
+    other = doc.get("measured_other_source")
+    if other:
+        note = other_source_note(other["source_hash"], doc["source_hash"], other["device"], short=True)
+        print(f"note: {name}: {note} (the manifest's measured_other_source says what was measured)", file=sys.stderr)
     cu, js = write_export(args.out, name, texts)
     print(f"wrote {cu} and {js}")
     return EXIT_OK

@@ -14,8 +14,8 @@ from pathlib import Path
 from codegen import families
 from codegen.cli.checks import check_cache, check_store, check_writable, open_store
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Failure, UsageError
-from codegen.cli.options import Commands, add_db_arg, add_gpu_args, positive_int
-from codegen.cli.search import search_seeds
+from codegen.cli.options import DEFAULT_DTYPE, Commands, add_db_arg, add_gpu_args, positive_int, take_recorded
+from codegen.cli.search import read_recording, search_seeds
 from codegen.nn.verdict import ENGINE_MAX_M, MARGIN
 from codegen.problem import DType, Layout
 from search import DEFAULT_SAMPLER, SAMPLERS
@@ -24,8 +24,10 @@ from search import DEFAULT_SAMPLER, SAMPLERS
 def register(commands: Commands) -> None:
     p = commands.add("tune-linear", "tune the three GEMMs of one linear layer (forward, grad_input, grad_weight)")
     add_shape_args(p)
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
-    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help=f"element type (default: {DEFAULT_DTYPE}; with --replay, the recording's)")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db; "
+                   "with --replay: as the recording)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_linear)
 
@@ -126,7 +128,13 @@ def add_verdict_args(p: argparse.ArgumentParser) -> None:
 def cmd_tune_linear(args: argparse.Namespace) -> int:
     from codegen.nn.tune import LayerShape, layer_problems
 
-    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
+    gpu_unless_replay(args)
+    if args.replay:  # the recording gives the dtype (and the bias) its GEMM was measured with
+        recorded = read_recording(args.replay).problem
+        take_recorded(args, args.replay, recorded.key, {
+            "dtype": ("--dtype", recorded.dtype.value),
+            **({"bias": ("--bias", recorded.bias)} if recorded.layout is not Layout.grad_input else {})})
+    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype or DEFAULT_DTYPE), args.bias)
     layouts = asked_layouts(args)
     print(f"layer {shape.describe()}: {', '.join(layouts[:-1]) + ' and ' if len(layouts) > 1 else ''}{layouts[-1]} "
           f"GEMM{'s' if len(layouts) > 1 else ''}", file=sys.stderr)
@@ -148,13 +156,17 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
     dtype = DType(args.dtype)
     if dtype not in (DType.fp32, DType.fp16, DType.bf16):
         raise UsageError(f"--dtype {dtype.value}: pick-step runs the layer in torch, whose dtypes are fp32, fp16, bf16")
+    from codegen.worker import NoGpu, require_gpu
+
+    require_gpu()
     try:
         import torch
     except ImportError:
         raise UsageError("pick-step times the layer's train step in torch: install the torch extra "
                          "(pip install 'gemmscape[torch]')") from None
     if not torch.cuda.is_available():
-        raise Failure("pick-step needs a CUDA GPU visible to torch")
+        raise NoGpu(f"torch {torch.__version__} sees no CUDA GPU" + ("" if torch.version.cuda else
+                                                                       " (a CPU-only build of torch)"))
     from codegen.export import export_kernel
     from codegen.nn import step as steps
     from codegen.nn.bundle import Bundle, pick_stored, write_bundle
@@ -218,6 +230,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
     from codegen.nn.tune import layer_problems, linear_layers, load_model
 
+    gpu_unless_replay(args)
     batches = list(dict.fromkeys(args.batch))
     try:
         model = load_model(args.model)
@@ -239,11 +252,20 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     return run_tuning(args, {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts})
 
 
+def gpu_unless_replay(args: argparse.Namespace) -> None:
+    """Without --replay the GEMMs are measured: no GPU is said first (codegen.worker.NoGpu), before
+    anything is printed or the store is opened (and created)."""
+    if not args.replay:
+        from codegen.worker import require_gpu
+
+        require_gpu()
+
+
 def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
     from codegen.nn.tune import tune
     from codegen.versions import versions
-    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+    from search.measure import ReplayError, ReplayMeasurer
 
     asked = args.family  # None: every family that fits each GEMM (codegen.nn.tune.families_for)
     space_name = "restricted" if args.restricted else "full"
@@ -288,8 +310,6 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
                        say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
                        command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
                        space=recorded.space if args.replay else None)
-    except NoGpu as e:
-        raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
     except KeyboardInterrupt as e:
         print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
         if args.bundle is not None and store is not None:  # what was stored so far, without engine timing
