@@ -271,10 +271,12 @@ def test_export_bundle_takes_a_margin_and_a_single_export_refuses_it(judged_stor
 
 
 def test_tune_linear_layout_and_tune_model_batches(tmp_path, capsys, monkeypatch):
+    from codegen import worker
     from codegen.cli import layer as cli_layer
 
     seen = []
     monkeypatch.setattr(cli_layer, "run_tuning", lambda args, problems: seen.append(problems) or 0)
+    monkeypatch.setattr(worker, "require_gpu", lambda: None)  # REPLACED: no GPU here, and none is used
     assert cli.main(["tune-linear", "--batch", "16", "--in", "64", "--out", "96", "--layout", "forward"]) == 0
     assert [p.layout for p in seen[-1]] == [Layout.forward]
     assert "forward GEMM" in capsys.readouterr().err
