@@ -22,6 +22,11 @@ Every row names its JSON file, the device, the date of the run and the timing me
   call or replay is timed alone after an L2 flush.
 - ``engine``: many distinct weight copies (together far past L2) called back to back in one CUDA
   graph, time per call (``benchmarks.engine``; the method for claims at small batches).
+- ``eager (whole model)``: ``benchmarks.model``'s records, a whole model's prefill or train step
+  called eagerly between CUDA events, warm, the dense model and ours in alternating rounds.
+
+A result file may carry a ``caveat`` (what its figures must be read with): it is printed under
+the file's table.
 
 Times are medians in µs with their range as recorded: p20-p80 where the record has them, else
 min-max (marked). Ratios are the baseline's median over ours, both timed in the same run: above 1
@@ -61,6 +66,8 @@ def _load(results: Path, name: str) -> dict:
 def timing_of(doc: dict, record: dict) -> str:
     """The timing method of ``record`` in ``doc`` (see the module: records naming none are cold_single)."""
     own = record.get("timing")
+    if doc.get("suite") == "model":
+        return f"{own} (whole model)"
     if own in ("cold_single", "engine"):
         return own
     if own == "eager":
@@ -297,6 +304,13 @@ def search_quality(results: Path, base: str) -> str:
             f"every figure below counts trials).\n\n" + sq.markdown(doc))
 
 
+def caveats(results: Path, files: list[str], base: str) -> str:
+    """The ``caveat`` a result file carries (what its figures must be read with), one line per file."""
+    lines = [f"- [`{name}`]({base}/{name}): {_load(results, name)['caveat']}" for name in files
+             if _load(results, name).get("caveat")]
+    return ("\n" + "\n".join(lines) + "\n") if lines else ""
+
+
 def engine(results: Path, base: str) -> str:
     files = sorted(p.name for p in results.glob("engine-*.json"))
     if not files:
@@ -310,13 +324,54 @@ def engine(results: Path, base: str) -> str:
                          timed(r["ours"]), timed(r["baselines"]["cublas"]), times(r["ratio"].get("cublas")),
                          *source(doc, r, name, base)])
     return table(["problem", "ran", "ours µs per call, median (p20–p80)", "cuBLAS µs per call", "cuBLAS ÷ ours",
-                  *TAIL], rows)
+                  *TAIL], rows) + caveats(results, files, base)
+
+
+def model(results: Path, base: str) -> str:
+    files = sorted(p.name for p in results.glob("model-*.json"))
+    if not files:
+        return ("No whole-model result is committed yet: `python3 -m benchmarks.model` writes "
+                "`benchmarks/results/model-<device>-<date>.json`, and this table lists its records.\n")
+    rows = []
+    for name in files:
+        doc = _load(results, name)
+        for r in doc["records"]:
+            p, gemms = r["problem"], r["ours"].get("gemms", {})
+            ran = f"{len(gemms.get('ours', {}))} ours, {len(gemms.get('torch', {}))} torch"
+            check = "bit-identical" if r["ours"].get("check", {}).get("bit_identical") else \
+                f"max diff {r['ours'].get('check', {}).get('max_abs_diff')}"
+            rows.append([f"{p['model']}, {p['layers']} layers, {p['dtype']}, {p['phase']} {p['batch']}×{p['tokens']}",
+                         ran, check, us_ms(r["ours"]), us_ms(r["baselines"]["dense"]), times(r["ratio"].get("dense")),
+                         *source(doc, r, name, base)])
+    return table(["model, phase", "GEMMs", "logits", "ours ms, median (p20–p80)", "nn.Linear ms", "nn.Linear ÷ ours",
+                  *TAIL], rows) + caveats(results, files, base)
+
+
+def us_ms(stats: dict) -> str:
+    """Median ms with its p20–p80 range."""
+    return f"{stats['median_ms']:.3f} ({stats['p20_ms']:.3f}–{stats['p80_ms']:.3f})"
+
+
+def default_search(results: Path, base: str) -> str:
+    rows = []
+    for name in sorted(p.name for p in results.glob("default-search-*.json")):
+        doc = _load(results, name)
+        for r in doc["records"]:
+            o, t, s = r["ours"], r["targets"], r["ours"]["search"]
+            alone = ", ".join(f"{f} {v['tflops']:.0f}" for f, v in r.get("single_family", {}).items())
+            rows.append([f"{r['problem']['dtype']} {shape(r['problem'])}", f"{s['budget']}", f"`{o['kernel']}`",
+                         f"{o['tflops']:.0f}", times(r["ratio"].get("cublas")), alone or "–",
+                         f"{t['of_best_single_family']:.3f}" if t.get("of_best_single_family") else "–",
+                         *source(doc, r, name, base)])
+    return table(["problem", "budget", "the default search's best", "TFLOP/s", "cuBLAS ÷ ours",
+                  "each family alone, same budget (TFLOP/s)", "of the best family alone", *TAIL], rows)
 
 
 TABLES: dict[str, Callable[[Path, str], str]] = {
     "headline": headline, "hopper": hopper, "tensorcore": tensorcore, "simt": simt, "sparse-bf16": sparse_bf16,
     "sparse-fp32": sparse_fp32, "sparse-break-even": sparse_break_even, "layer": layer,
-    "search-targets": search_targets, "search-quality": search_quality, "engine": engine,
+    "search-targets": search_targets, "search-quality": search_quality, "engine": engine, "model": model,
+    "default-search": default_search,
 }
 
 

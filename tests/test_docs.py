@@ -81,7 +81,7 @@ def test_every_table_is_placed_and_every_row_names_its_file_device_date_and_timi
         rows = [line for line in make(measurements.RESULTS, "x").splitlines()
                 if line.startswith("| ") and not line.startswith("| ---")][1:]
         for row in rows:
-            assert re.search(r"\| (cold_single|engine)[^|]* \| [^|]+, \d{4}-\d{2}-\d{2}[^|]* \| \[`[\w.-]+\.json`\]", row), (
+            assert re.search(r"\| (cold_single|engine|eager \(whole model\))[^|]* \| [^|]+, \d{4}-\d{2}-\d{2}[^|]* \| \[`[\w.-]+\.json`\]", row), (
                 name, row)
 
 
@@ -90,6 +90,7 @@ def test_old_records_without_a_method_read_as_cold_single():
     assert measurements.timing_of({}, {"timing": "engine"}) == "engine"
     assert measurements.timing_of({"timing": {"method": "engine"}}, {}) == "engine"
     assert measurements.timing_of({}, {"timing": "cuda_graph"}) == "cold_single (CUDA graph)"
+    assert measurements.timing_of({"suite": "model"}, {"timing": "eager"}) == "eager (whole model)"
 
 
 def test_a_table_naming_a_missing_file_or_an_unknown_table_is_an_error(tmp_path):
