@@ -62,6 +62,17 @@ class GpuMeasurer:
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=ignore_sigint)
 
+    def switch(self, problem: Problem) -> None:
+        """Measure ``problem`` from now on with the same GPU worker and compile processes (tuning a
+        layer or a model searches many GEMMs, and starting a worker costs a short search much of its
+        time). Builds still pending for the last problem (a search that stopped early) are dropped,
+        and the time counters start again."""
+        for _, _, future, _ in self.pending:
+            future.cancel()
+        self.pending.clear()
+        self.problem = problem
+        self.compile_seconds = self.gpu_wait_seconds = 0.0
+
     def baselines(self) -> dict:
         return self.evaluator.baselines(self.problem)
 

@@ -88,6 +88,17 @@ def families_for(problem: Problem) -> tuple[str, ...]:
     return found or (default_family(problem, None),)
 
 
+def _measurer_for(problem: Problem, current, make_measurer: Callable[[Problem], object]):
+    """A measurer for ``problem``: the current one switched to it where it can be (one GPU worker for
+    all of a tuning's searches), else a new one (the current closed)."""
+    if current is not None and callable(getattr(current, "switch", None)):
+        current.switch(problem)
+        return current
+    if current is not None:
+        current.close()
+    return make_measurer(problem)
+
+
 def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[Problem], object], *,
          budget: int, store=None, sampler: str = "tpe", seed: int = 0, restricted: bool = False,
          progress: bool = True, say: Callable[[str], None] = print, seeds_for=None, command: str = "",
@@ -123,11 +134,12 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
                 todo.append((problem, layers, family, space_here))
     bar = tqdm(total=budget * len(todo), desc=f"tuning {len(todo)} search{'es' if len(todo) != 1 else ''}",
                unit="trial", disable=not progress or not todo, dynamic_ncols=True, file=sys.stderr)
+    measurer = None
     try:
         for problem, layers, family, space_here in todo:
             bar.set_postfix_str(f"{problem.key} {family}", refresh=True)
             start = bar.n
-            measurer = make_measurer(problem)
+            measurer = _measurer_for(problem, measurer, make_measurer)
             try:
                 limits = getattr(measurer, "limits", None)
                 why = generated(problem, space_here, limits) if limits is not None and space is None else None
@@ -146,14 +158,18 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
                 summary = run_search(problem, space_here, _Counting(measurer, bar), sampler=sampler, seed=seed,
                                      budget=budget, space_name=space_name, store=store, lookahead=GPU_LOOKAHEAD,
                                      progress=False, command=command, versions=versions or {}, seeds=points)
-            finally:
+            except BaseException:
                 measurer.close()
+                measurer = None
+                raise
             bar.update(max(0, start + budget - bar.n))  # a search that stopped early (or resumed) fills its share
             results.append(TuneResult(problem, layers, summary=summary, family=family))
             best = summary.best
             bar.write(f"{problem.key} ({family}): " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
                                                        else f"no ok kernel ({summary.stopped})"), file=sys.stderr)
     finally:
+        if measurer is not None:
+            measurer.close()
         bar.close()
     order = {p: i for i, p in enumerate(problems)}
     return sorted(results, key=lambda r: order[r.problem])  # stable: family order within a problem
