@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.nn.step import capture, relative_error
 from codegen.nn.step import reference as layer_reference
+from codegen.nn.timing import stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURES = 4096
@@ -67,17 +67,6 @@ class Case:
 
 def cases(batches, dtypes, modes, bias: bool = True) -> list[Case]:
     return [Case(b, d, m, bias=bias) for b in batches for d in dtypes for m in modes]
-
-
-def stats(times: list[float]) -> dict:
-    """Median, 20th and 80th percentiles and the range of ``times`` (ms)."""
-    ordered = sorted(times)
-
-    def pct(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
-
-    return {"median_ms": statistics.median(ordered), "p20_ms": pct(0.2), "p80_ms": pct(0.8),
-            "min_ms": ordered[0], "max_ms": ordered[-1], "reps": len(ordered)}
 
 
 def record(case: Case, ours: list[float], base: list[float], gemms: dict, rel_error: dict, selection: str,

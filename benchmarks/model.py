@@ -29,9 +29,10 @@ import copy
 import datetime as dt
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
+
+from codegen.nn.timing import stats
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "llama3-8b-dims"
@@ -95,15 +96,6 @@ def llama3_8b_decode_layers():
 
 
 # ---- records ------------------------------------------------------------------------------------
-def stats(times: list[float]) -> dict:
-    """Median, 20th and 80th percentiles and the range of ``times`` (ms)."""
-    ordered = sorted(times)
-
-    def pct(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
-
-    return {"median_ms": statistics.median(ordered), "p20_ms": pct(0.2), "p80_ms": pct(0.8),
-            "min_ms": ordered[0], "max_ms": ordered[-1], "reps": len(ordered)}
 
 
 def problem(args: argparse.Namespace, phase: str) -> dict:
