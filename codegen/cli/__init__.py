@@ -1,5 +1,5 @@
 """``codegen`` command line: compile, bench, search, sweep, export, tune-linear, pick-step, tune-model,
-results, app.
+prune, results, app.
 
 ``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
 times and default to the dtype's families, codegen.nn.tune.DEFAULT_FAMILIES); the variant options are
@@ -13,7 +13,7 @@ one line on stderr; ``--debug`` shows the traceback instead, and a bug in gemmsc
 One module per command group adds its subcommands (``register(commands)``, each set to run its own
 ``cmd_*`` function), in the order of ``COMMANDS``, which is the order ``codegen --help`` lists:
 ``kernel`` (compile, bench), ``search`` (search, sweep), ``export`` (export, with ``--bundle``),
-``layer`` (tune-linear, pick-step, tune-model) and ``results`` (results, app). A new command is one
+``layer`` (tune-linear, pick-step, tune-model), ``prune`` (prune) and ``results`` (results, app). A new command is one
 more such module in that list. What they share: ``options`` (argument types, the parser, option
 builders, the problem and kernel variant of a command line) and ``checks`` (places on disk, the
 cache and the store, checked before anything is written).
@@ -26,13 +26,13 @@ import os
 import sys
 
 from codegen import families
-from codegen.cli import export, kernel, layer, results, search
+from codegen.cli import export, kernel, layer, prune, results, search
 from codegen.cli.checks import one_line
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, Failure, UsageError
 from codegen.cli.options import DEFAULT_FAMILY, Commands, HelpFormatter, Parser
 
 #: The command modules, in the order ``codegen --help`` lists their commands.
-COMMANDS = (kernel, search, export, layer, results)
+COMMANDS = (kernel, search, export, layer, prune, results)
 
 
 def version() -> str:

@@ -63,6 +63,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def kept_fraction(text: str) -> float:
+    """A fraction of blocks kept, in (0, 1]: above 0 (a W of no block is no layer), at most all."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], above 0 and at most 1, got {text}")
+    return value
+
+
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
