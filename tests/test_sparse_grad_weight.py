@@ -5,6 +5,8 @@ builds (sm_80 and sm_90) without spills. The GPU tier runs them: tests/gpu/test_
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -149,6 +151,11 @@ def test_an_exported_sampled_kernel_says_where_dw_goes():
     assert "kept blocks only" in doc["arguments_note"] and doc["problem"]["layout"] == "grad_weight"
     assert doc["kernels"][0]["grid_for_problem"] == [p.nnzb, 1, 1]
     assert [a["name"] for a in doc["kernels"][1]["args"]] == ["DB", "DY", "M", "K"]
+    from codegen.export import export_files
+
+    for each in SPECS:  # the rendered source takes what the plan passes (codegen.export.check_source)
+        cu, js = export_files(each, sampled(33, 200, 130, each.block, each.dtype, each.bias), None, "sm_90")
+        assert each.name in cu and json.loads(js)["grid_rule"] == grid_rule(each)
 
 
 # ---- spaces and the families that fit -----------------------------------------------------------------
