@@ -6,8 +6,10 @@ variable the store itself reads, so the app needs no argument parsing of its own
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,15 +18,32 @@ from pathlib import Path
 from store import ENV_VAR
 
 ENTRY = Path(__file__).with_name("main.py")
+#: The address the dashboard listens on: loopback only.
+HOST = "127.0.0.1"
 
 
 def command(port: int) -> list[str]:
     """The streamlit command line for ``port`` on 127.0.0.1."""
     return [
         sys.executable, "-m", "streamlit", "run", str(ENTRY),
-        "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+        "--server.address", HOST, "--server.port", str(port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
     ]  # fmt: skip
+
+
+def port_problem(port: int, host: str = HOST) -> str | None:
+    """Why the dashboard could not listen on ``host:port`` (None: it can), found by binding it as
+    the server will (with SO_REUSEADDR, as tornado does, so a port left in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use (another dashboard?): stop what holds it, or choose another " \
+                       f"with --port N"
+            return f"cannot listen on {host}:{port} ({e.strerror or e}): choose another port with --port N"
+    return None
 
 
 def environment(db_url: str | None) -> dict[str, str]:

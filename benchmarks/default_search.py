@@ -136,7 +136,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     device = (first["summary"].get("device") or {}).get("name", "unknown")
     last = max(s["started"] for s in steps)[:19]
     doc = {"suite": "default-search", "date": min(s["started"] for s in steps)[:19] + "Z", "device": device,
-           "versions": versions(args.dir / f"{first['step']}.db"),
+           "versions": {**versions(args.dir / f"{first['step']}.db"),
+                        **{k: v for k, v in (first["summary"].get("device") or {}).items() if k in ("nvrtc", "driver")}},
            "command": "python3 -m benchmarks.default_search run (steps in `steps`), then report",
            "timing": "cold_single",
            "settings": {"target": args.target, "target_budget": args.target_budget, "held_out": args.held_out,

@@ -1,6 +1,6 @@
 """The whole linear layer on the GPU: nn.Linear against gemmscape's Linear (codegen.nn), in one run.
 
-    python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--out DIR] [--reps N] [--no-bias]
+    python3 -m benchmarks.linear_train [--bundle DIR | --db URL] [--ours-everywhere] [--out DIR] [--reps N] [--no-bias]
                                        [--batches 32 4096] [--dtypes bf16 fp32] [--modes forward train] [--graphs]
                                        [--backward overlap serial]
 
@@ -14,9 +14,10 @@ in a CUDA graph after a warm-up on a side stream, and the graph's replays timed 
 figure is the GPU's time without the host's launch cost; each record says which (``timing``). ``--backward``
 times ours in training with both backward GEMMs on one stream (``serial``, codegen.nn's default) and/or dW
 on a side stream beside dX (``overlap``); each train record's ``ours.backward`` says which. Kernels come from the
-bundle or store given, else from the families' built-in seeds (codegen.nn.bundle.SeedKernels: no
+bundle or store given, else from the families' built-in seeds (codegen.bundle.SeedKernels: no
 search; the Hopper family first for 16-bit layers of 256 rows or more). A GEMM with no kernel runs
-torch's op (codegen.nn's fallback); each record says which GEMM ran what. Every output (y, dX, dW, db)
+torch's op (codegen.nn's fallback), and so does one whose verdict says cuBLAS won, unless --ours-everywhere;
+each record says which GEMM ran what. Every output (y, dX, dW, db)
 of both layers (for graphs: from a replay into outputs poisoned with NaN) is compared with float64 first; ours past the dtype's bound makes the record
 `wrong_result` with no ratio. Writes ``linear-<device>-<UTC date-time>.json`` (format: DESIGN.md; layout ``forward`` or
 ``train``, baseline ``torch_linear``) to benchmarks/results/ or DIR. About 40 s on an H200 (eager;
@@ -203,6 +204,8 @@ def parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--bundle", type=Path, help="kernels from this bundle (codegen export --bundle)")
     src.add_argument("--db", help="kernels from this store URL")
+    p.add_argument("--ours-everywhere", action="store_true",
+                   help="run our kernel wherever one is found, also where its verdict says cuBLAS won")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the results JSON")
     p.add_argument("--reps", type=int, default=50, help="timed calls per layer and case")
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
@@ -237,11 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         print("linear_train: no CUDA GPU visible to torch", file=sys.stderr)
         return 2
     if args.bundle or args.db:
-        kernels = kernels_from(args.bundle if args.bundle else args.db)
+        kernels = kernels_from(args.bundle if args.bundle else args.db, ours_everywhere=args.ours_everywhere)
         selection = f"tuned: the fastest stored kernel per GEMM from {kernels.source.location}"
     else:
-        kernels = kernels_from(SeedKernels())
-        selection = "hand-picked: a built-in seed per GEMM (codegen.nn.bundle.SeedKernels), no search"
+        kernels = kernels_from(SeedKernels(), ours_everywhere=args.ours_everywhere)
+        selection = "hand-picked: a built-in seed per GEMM (codegen.bundle.SeedKernels), no search"
+    if args.ours_everywhere:
+        selection += "; ours everywhere (cuBLAS's wins ignored)"
     info = device_info()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     records = []

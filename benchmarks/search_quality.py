@@ -25,7 +25,8 @@ TPE settings are varied without touching the runner: in each worker process,
 some of its arguments overridden (checked on the object built), and samplers the runner does not
 offer (qmc) are built here and handed to it. The result is written to
 ``benchmarks/results/search-quality-<UTC date-time>.json``; ``--markdown FILE`` writes the tables
-(into FILE between ``MARK_BEGIN`` and ``MARK_END`` if it has them, e.g. the README).
+(into FILE between ``MARK_BEGIN`` and ``MARK_END`` if it has them; docs/measurements.md gets the same
+tables from ``benchmarks.measurements``).
 """
 
 from __future__ import annotations

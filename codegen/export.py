@@ -21,7 +21,7 @@ from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
 
 __all__ = ["MANIFEST_FORMAT", "ExportError", "SourceMismatch", "check_source", "export_files", "export_kernel",
-           "manifest", "source_kernels", "write_export"]
+           "manifest", "other_source_note", "source_kernels", "write_export"]
 
 MANIFEST_FORMAT = "gemmscape-kernel/1"
 MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error", "ratio_cublas", "created")
@@ -206,10 +206,11 @@ def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, ar
     if measured is not None and rendered != record.get("source_hash") and unmeasured_render:
         cu = texts[0]
         doc = manifest(spec, problem, target, None, source_hash=rendered, rerendered=True)
+        doc["source_note"] = ("rendered by this export from the current templates, which no longer render the source "
+                              "measured (measured_other_source.source_hash): not measured")
         doc["measured_other_source"] = measured | {
             "source_hash": record.get("source_hash"),
-            "note": (f"measured with source {record.get('source_hash') or 'of unknown hash'}, which is not stored; "
-                     f"this file is today's render ({rendered[:12]}…), which was not measured"),
+            "note": other_source_note(record.get("source_hash"), rendered, measured["device"]),
         }
         return cu, json.dumps(doc, indent=2) + "\n"
     if measured is not None and rendered != record.get("source_hash"):
@@ -218,6 +219,22 @@ def export_kernel(store, kernel_name: str, problem: Problem | None = None, *, ar
                           f"not of this source. Measure it again (`codegen bench --kernel {kernel_name} ...`), "
                           f"or export it without a measurement by naming the problem of a kernel never measured")
     return texts
+
+
+def other_source_note(measured_hash: str | None, rendered: str, device: dict, short: bool = False) -> str:
+    """What an export of today's render says where the kernel's measurement was of other source:
+    the hash of the source measured (by a recording, where ``device`` is a recording's: it keeps
+    hashes, not sources), that today's templates render other source, and that this render was not
+    measured. ``short``: the hashes cut to 12 characters, for a line on a terminal."""
+    def cut(digest: str | None) -> str:
+        return "of unknown hash" if not digest else f"{digest[:12]}…" if short else digest
+
+    if device.get("recorded"):
+        what = (f"the recording {device['name']} measured source {cut(measured_hash)} (a recording keeps source "
+                f"hashes, not sources)")
+    else:
+        what = f"measured on {device['name']} with source {cut(measured_hash)}, which is not stored"
+    return f"{what}; today's templates render other source ({cut(rendered)}): this export, which was not measured"
 
 
 def write_export(out_dir: Path, name: str, texts: tuple[str, str]) -> tuple[Path, Path]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import subprocess
 import time
 import traceback
 
@@ -71,6 +73,33 @@ class WorkerUnavailable(RuntimeError):
     """The worker could not start (no GPU, no driver)."""
 
 
+class NoGpu(WorkerUnavailable):
+    """No GPU to run kernels on (``why_no_gpu``): the message says what is missing."""
+
+
+def why_no_gpu() -> str | None:
+    """None when nvidia-smi lists a GPU, else the reason; asked of nvidia-smi, so no CUDA is
+    initialized here (and no driver library is loaded where there is none)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return "no NVIDIA driver here (nvidia-smi not found)"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvidia-smi failed: {e}"
+    if out.returncode != 0 or "GPU" not in out.stdout:
+        return "nvidia-smi lists no GPU"
+    return None
+
+
+def require_gpu() -> None:
+    """Raise NoGpu saying what is missing unless nvidia-smi lists a GPU: what every user of the GPU
+    (the worker's first start, a search's measurer, the commands that measure) asks first."""
+    reason = why_no_gpu()
+    if reason:
+        raise NoGpu(reason)
+
+
 class GpuWorker:
     """Handle on the worker process of one GPU; restarts it whenever it dies or hangs."""
 
@@ -82,6 +111,8 @@ class GpuWorker:
         self.starts = 0  # a new number means a fresh process with empty caches
 
     def start(self) -> dict:
+        if not self.starts:  # the first start: no GPU at all is said so, before a process is spawned
+            require_gpu()
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, self.ordinal), daemon=True, name=f"gemmscape-gpu{self.ordinal}")

@@ -12,9 +12,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import subprocess
 import time
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
@@ -25,6 +23,7 @@ from codegen.evaluate import Built, Evaluator, InternalError, blank_result, buil
 from codegen.problem import Problem
 from codegen.render import render, source_hash
 from codegen.spec import DeviceLimits, KernelSpec
+from codegen.worker import NoGpu, require_gpu  # noqa: F401 - NoGpu: what a measurer raises without a GPU
 from search.space import recorded_space
 from store.records import recorded_device_name
 
@@ -39,23 +38,6 @@ class Done:
     kernel: dict  # kernel record for the store
 
 
-class NoGpu(RuntimeError):
-    """No GPU to measure on: the message says what is missing."""
-
-
-def why_no_gpu() -> str | None:
-    """None when nvidia-smi lists a GPU, else the reason (no CUDA initialized here)."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return "no NVIDIA driver here (nvidia-smi not found)"
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"nvidia-smi failed: {e}"
-    if out.returncode != 0 or "GPU" not in out.stdout:
-        return "nvidia-smi lists no GPU"
-    return None
-
 
 class GpuMeasurer:
     """Compiles ahead in a process pool; measures one kernel at a time on the GPU worker."""
@@ -63,9 +45,7 @@ class GpuMeasurer:
     def __init__(self, problem: Problem, arch: str | None = None, timeout_s: float = 30.0,
                  compile_timeout_s: float = 300.0, timing: dict | None = None, baseline: bool = True,
                  compile_workers: int | None = None, ordinal: int = 0) -> None:
-        reason = why_no_gpu()
-        if reason:
-            raise NoGpu(reason)
+        require_gpu()  # before the compile pool starts
         self.problem = problem
         self.evaluator = Evaluator(arch=arch, timeout_s=timeout_s, baseline=baseline, ordinal=ordinal,
                                    **({"timing": timing} if timing else {}))
@@ -81,6 +61,17 @@ class GpuMeasurer:
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=ignore_sigint)
+
+    def switch(self, problem: Problem) -> None:
+        """Measure ``problem`` from now on with the same GPU worker and compile processes (tuning a
+        layer or a model searches many GEMMs, and starting a worker costs a short search much of its
+        time). Builds still pending for the last problem (a search that stopped early) are dropped,
+        and the time counters start again."""
+        for _, _, future, _ in self.pending:
+            future.cancel()
+        self.pending.clear()
+        self.problem = problem
+        self.compile_seconds = self.gpu_wait_seconds = 0.0
 
     def baselines(self) -> dict:
         return self.evaluator.baselines(self.problem)

@@ -4,6 +4,10 @@ The default is a SQLite file at ``~/.local/share/gemmscape/gemmscape.db``; the e
 variable ``GEMMSCAPE_DB`` (a SQLAlchemy URL) overrides it. SQLite files are opened in WAL
 mode with a busy timeout, so a dashboard can read while a search writes. Any other URL
 (PostgreSQL) is passed to SQLAlchemy as it is.
+
+The default file's folder is created when missing (it is gemmscape's own place); the folder of
+any other SQLite file must exist already (``folder_problem``): a folder a user names, or a typo
+in it, is never made for them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ def default_url() -> str:
     return os.environ.get(ENV_VAR) or f"sqlite:///{default_path()}"
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why a new SQLite file at ``path`` cannot be created for want of its folder (None: the folder
+    is there, or ``path`` is the default store's, whose folder gemmscape creates)."""
+    path = path.expanduser()
+    folder = path.parent
+    if folder.exists() or path.absolute() == default_path():
+        return None
+    return (f"the folder of the store {path} does not exist: create it first (mkdir -p {folder}), or name a "
+            f"store in a folder that exists")
+
+
 def sqlite_path(url: str | URL) -> Path | None:
     """The file behind a SQLite URL; None for in-memory SQLite or another backend."""
     parsed = make_url(url)
@@ -70,12 +85,16 @@ def _sqlite_pragmas(engine: Engine, read_only: bool) -> None:
         cursor.close()
 
 
+def missing_message(path: Path) -> str:
+    """What to say where a store is to be read and there is none: the one message of the command
+    line (``codegen results``, ``export``, ``app``...), the store and the dashboard."""
+    return (f"no gemmscape database at {path}: run a search first (`codegen search ...`), or name one with "
+            f"--db URL or the {ENV_VAR} environment variable")
+
+
 def _read_only_sqlite_url(path: Path) -> URL:
     if not path.exists():
-        raise DatabaseMissing(
-            f"No gemmscape database at {path}. Run a search first (`codegen search ...`), "
-            f"or point to an existing one with --db URL or the {ENV_VAR} environment variable."
-        )
+        raise DatabaseMissing(missing_message(path))
     return URL.create("sqlite", database=f"file:{quote(str(path.resolve()))}", query={"mode": "ro", "uri": "true"})
 
 
@@ -94,7 +113,10 @@ def make_engine(url: str, read_only: bool = False) -> Engine:
     elif read_only:
         engine = create_engine(_read_only_sqlite_url(path), connect_args={"timeout": BUSY_TIMEOUT_S})
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        reason = folder_problem(path)
+        if reason:
+            raise StoreError(reason)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the default store's own folder
         engine = create_engine(URL.create("sqlite", database=str(path)), connect_args={"timeout": BUSY_TIMEOUT_S})
     _sqlite_pragmas(engine, read_only)
     return engine
@@ -124,8 +146,7 @@ def setup_lock(engine: Engine) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "ab") as handle:
+    with open(path.with_name(path.name + ".lock"), "ab") as handle:  # beside the file: its folder exists
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield

@@ -50,6 +50,13 @@ def toy_family():
         sys.modules.pop("codegen.families.toy", None)
 
 
+@pytest.fixture
+def gpu_said_present(monkeypatch):
+    """nvidia-smi REPLACED by a stand-in that lists a GPU: for tests that replace the measuring too
+    (a recorder or a recording where the GPU would be), so the commands' no-GPU check passes."""
+    monkeypatch.setattr("codegen.worker.why_no_gpu", lambda: None)
+
+
 @pytest.fixture(autouse=True)
 def _private_store(tmp_path_factory, monkeypatch):
     """A test that names no store writes to a throw-away one, never to ~/.local/share/gemmscape."""

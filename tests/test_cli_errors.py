@@ -107,6 +107,31 @@ def test_db_in_a_place_that_cannot_be_written(where, capsys, tmp_path, default_s
                  default=default_store)
 
 
+@pytest.mark.parametrize("via", ["--db", "GEMMSCAPE_DB"])
+def test_db_in_a_folder_that_does_not_exist_is_refused_and_nothing_is_created(via, capsys, tmp_path, monkeypatch):
+    """A store named in a missing folder (a typo, a path meant for another machine) is a usage error
+    that says to create the folder; no folder is made for it, whoever runs gemmscape (root too)."""
+    url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'x.db'}"
+    argv = ["search", *BIG, "--replay", str(RECORDING), "--budget", "3", "--quiet"]
+    if via == "--db":
+        argv += ["--db", url]
+    else:
+        monkeypatch.setenv("GEMMSCAPE_DB", url)
+    line = assert_usage(argv, capsys, f"the folder of the store {tmp_path / 'no' / 'such' / 'dir' / 'x.db'} does "
+                        f"not exist: create it first (mkdir -p {tmp_path / 'no' / 'such' / 'dir'})")
+    assert line.startswith("codegen search: ") and list(tmp_path.iterdir()) == []
+
+
+def test_the_default_store_s_folder_is_created(capsys, tmp_path, monkeypatch):
+    """With no --db and no GEMMSCAPE_DB the store is ~/.local/share/gemmscape/gemmscape.db, whose
+    folder gemmscape creates on first use."""
+    monkeypatch.delenv("GEMMSCAPE_DB")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code, _, err = run(["search", *BIG, "--replay", str(RECORDING), "--budget", "2", "--quiet"], capsys)
+    assert code == 0, err
+    assert (tmp_path / ".local" / "share" / "gemmscape" / "gemmscape.db").is_file()
+
+
 def test_db_read_only_file_is_refused_for_writing(capsys, tmp_path, default_store, monkeypatch):
     path = tmp_path / "ro.db"
     path.write_bytes(b"")
@@ -169,6 +194,51 @@ def test_a_replay_of_another_problem_or_family(capsys, db, default_store, toy_fa
                  capsys, "records 4096x4096x4096", db_path=path)
     assert_usage(["search", *BIG, "--replay", str(RECORDING), "--family", "toy"], capsys,
                  "records the simt family, not toy", default=default_store)
+
+
+BF16_RECORDING = RECORDING.with_name("replay-tensorcore-large-4096x4096x4096-bf16.json")
+
+
+@pytest.mark.parametrize("given", [[], BIG, [*BIG, "--dtype", "bf16", "--layout", "forward"]],
+                         ids=["nothing", "shape", "all-agreeing"])
+def test_a_replay_gives_the_problem_options_left_out(given, capsys, tmp_path):
+    """What a new user met: `search --m 4096 --n 4096 --k 4096 --replay <the bf16 recording>` said the
+    recording records bf16, not fp32, as though the user had asked for fp32. The recording's problem
+    gives every problem option left out; those given agree with it."""
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    code, out, err = run(["search", *given, "--replay", str(BF16_RECORDING), "--budget", "2", "--quiet", "--json",
+                          "--db", url], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["study"].startswith("gemmscape:4096x4096x4096_bf16_forward:tensorcore-replay:") and doc["evaluated"] == 2
+
+
+@pytest.mark.parametrize("given,line", [
+    (["--dtype", "fp32"], "--dtype fp32 does not match {file}, which records 4096x4096x4096_bf16_forward: leave it out "
+                          "(the recording gives it), or replay a recording of your problem"),
+    (["--m", "64", "--bias", "--layout", "grad_weight"],
+     "--m 64, --layout grad_weight, --bias do not match {file}, which records 4096x4096x4096_bf16_forward: leave them "
+     "out (the recording gives them), or replay a recording of your problem"),
+])
+def test_a_replay_refuses_problem_options_that_contradict_it(given, line, capsys, db):
+    url, path = db
+    got = assert_usage(["search", *given, "--replay", str(BF16_RECORDING), "--budget", "2", "--db", url], capsys,
+                       db_path=path)
+    assert got == "codegen search: " + line.format(file=BF16_RECORDING)
+
+
+def test_tune_linear_takes_the_dtype_of_its_recording(capsys, tmp_path, monkeypatch):
+    """tune-linear --replay: the recording gives the dtype (and bias) of the layer's GEMM it measured;
+    a --dtype that contradicts it is one line, nothing written."""
+    layer = ["tune-linear", "--batch", "4096", "--in", "4096", "--out", "4096", "--replay", str(BF16_RECORDING),
+             "--budget", "2", "--quiet"]
+    db = tmp_path / "g.db"
+    assert_usage([*layer, "--dtype", "fp32", "--db", f"sqlite:///{db}"], capsys,
+                 f"--dtype fp32 does not match {BF16_RECORDING}, which records 4096x4096x4096_bf16_forward")
+    assert not db.exists()
+    code, out, err = run([*layer, "--db", f"sqlite:///{db}"], capsys)
+    assert code == 0, err
+    assert "layer 4096x4096->4096 bf16:" in err and "4096x4096x4096_bf16_forward" in out.splitlines()[1]
 
 
 # ---- --out -----------------------------------------------------------------------------------------
@@ -344,12 +414,61 @@ def test_gpus_that_cannot_be_used_are_one_line(gpus, needle, capsys, db, default
                   "--db", url], capsys, needle, db_path=path, default=default_store)
 
 
-def test_pick_step_without_a_gpu_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch):
-    """pick-step times the layer on the GPU: without one (torch sees none, as on CI) it says so in one
-    line, exit 1, and no bundle folder appears."""
+NO_DRIVER = "no NVIDIA driver here (nvidia-smi not found)"
+NEEDS_GPU = f"{NO_DRIVER}: it needs an NVIDIA GPU and its driver"
+SMALL = ["--m", "64", "--n", "64", "--k", "64"]
+LAYER_64 = ["--batch", "32", "--in", "64", "--out", "64"]
+
+
+NO_GPU_CASES = [
+    (["bench", *SMALL], "; `codegen compile` renders and compiles a variant without one"),
+    (["search", *SMALL, "--budget", "2"],
+     "; to search recorded H200 measurements without one use --replay FILE (see README)"),
+    (["sweep", *SMALL, "--out", "OUT/r.json"], ""),
+    (["tune-linear", *LAYER_64, "--budget", "2", "--quiet"], "; to tune from a recording without one use --replay FILE"),
+    (["tune-model", "MODEL", "--batch", "4", "--budget", "2", "--quiet"],
+     "; to tune from a recording without one use --replay FILE"),
+    (["pick-step", *LAYER_64, "--bundle", "OUT/b"], ""),
+]
+
+
+@pytest.mark.parametrize("argv,then", NO_GPU_CASES, ids=[argv[0] for argv, _ in NO_GPU_CASES])
+def test_every_command_that_needs_a_gpu_says_so_in_the_same_line(argv, then, capsys, tmp_path, monkeypatch):
+    """No GPU (nvidia-smi REPLACED by one that is not there, so on a GPU machine too): the same line
+    from every command that runs kernels on one, what to do without one where there is a way, exit 2,
+    nothing written: no store, no recording, no bundle, no worker started. --debug shows NoGpu."""
+    monkeypatch.setattr("codegen.worker.why_no_gpu", lambda: NO_DRIVER)
+    monkeypatch.setattr("multiprocessing.get_context", lambda *a: pytest.fail("a worker process was started"))
+    (tmp_path / "model.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(8, 8)\n")
+    out = tmp_path / "out"
+    argv = [str(out) + a[3:] if a.startswith("OUT/") else f"{tmp_path / 'model.py'}:make" if a == "MODEL" else a
+            for a in argv]
+    db = tmp_path / "db" / "g.db"
+    (tmp_path / "db").mkdir()
+    line = assert_usage([*argv, "--db", f"sqlite:///{db}"], capsys)
+    assert line == f"codegen {argv[0]}: {NEEDS_GPU}{then}"
+    assert not db.exists() and not out.exists() and list((tmp_path / "db").iterdir()) == []
+    from codegen.worker import NoGpu
+
+    with pytest.raises(NoGpu, match="nvidia-smi not found"):
+        cli.main(["--debug", *argv, "--db", f"sqlite:///{db}"])
+
+
+def test_bench_without_a_gpu_never_loads_the_driver_library(capsys, monkeypatch, tmp_path):
+    """What a new user met: bench on a machine without a GPU printed the driver library's own error
+    (DynamicLibNotFoundError: "cuda" is an NVIDIA driver library...). No GPU is found before any
+    worker starts, as search finds it."""
+    monkeypatch.setattr("codegen.worker.why_no_gpu", lambda: NO_DRIVER)
+    line = assert_usage(["bench", *SMALL, "--db", f"sqlite:///{tmp_path / 'g.db'}"], capsys)
+    assert "DynamicLib" not in line and "GPU worker" not in line and NEEDS_GPU in line
+
+
+def test_pick_step_when_torch_sees_no_gpu_is_the_same_line(capsys, tmp_path, monkeypatch, gpu_said_present):
+    """pick-step times the layer in torch: nvidia-smi lists a GPU but torch sees none (a CPU-only
+    build) is said as every missing GPU is, exit 2, and no bundle folder appears."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     bundle = tmp_path / "b"
-    line = assert_usage(["pick-step", "--batch", "32", "--in", "64", "--out", "64", "--bundle", str(bundle),
-                         "--db", f"sqlite:///{tmp_path / 's.db'}"], capsys, "needs a CUDA GPU", code=1)
+    line = assert_usage(["pick-step", *LAYER_64, "--bundle", str(bundle), "--db", f"sqlite:///{tmp_path / 's.db'}"],
+                        capsys, f"torch {torch.__version__} sees no CUDA GPU", ": it needs an NVIDIA GPU and its driver")
     assert line.startswith("codegen pick-step:") and not bundle.exists()

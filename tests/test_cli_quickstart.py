@@ -103,15 +103,31 @@ def test_export_best_of_the_replay(replayed, capsys, monkeypatch, tmp_path):
     manifest = json.loads(manifest_path.read_text())
     cu = manifest_path.with_suffix(".cu").read_text()
     assert 'extern "C" __global__' in cu
-    # Today's templates no longer render the source the H200 measured, so the measurement is not
-    # pinned on this source: it is reported beside it, for the source it measured.
-    other = manifest.get("measured_other_source")
-    if other is not None:
+    # Whether today's templates still render the source the H200 measured is read from the recording
+    # itself (each result keeps the hash of its source). Where they do not (the recording's SIMT
+    # sources are those of commit 9ad82c1, and the template has changed every one of them since), the
+    # measurement is not pinned on this source: it is reported beside it, under the hash of the
+    # source it measured, and the export says it is today's render, not measured.
+    from codegen.families import spec_from_name
+    from codegen.render import render, source_hash
+
+    name = manifest["name"]
+    recorded_hash = json.loads(RECORDING.read_text())["results"][name]["source_hash"]
+    today = source_hash(render(spec_from_name(name)))
+    assert manifest["source_hash"] == today and source_hash(cu) == today
+    if recorded_hash != today:
+        other = manifest["measured_other_source"]
         assert manifest["measured"] is None and manifest["source_rerendered"] is True
         assert other["device"]["name"] == RECORDED_NAME and other["device"]["recorded"] is True
-        assert other["source_hash"] != manifest["source_hash"] and "not measured" in other["note"]
-        assert "not measured" in err
+        assert other["source_hash"] == recorded_hash and other["median_ms"] > 0
+        assert other["note"] == (f"the recording {RECORDED_NAME} measured source {recorded_hash} (a recording keeps "
+                                 f"source hashes, not sources); today's templates render other source ({today}): "
+                                 f"this export, which was not measured")
+        assert (f"note: {name}: the recording {RECORDED_NAME} measured source {recorded_hash[:12]}…" in err
+                and f"today's templates render other source ({today[:12]}…): this export, which was not measured"
+                in err)
     else:
+        assert "measured_other_source" not in manifest
         assert manifest["measured"]["device"]["name"] == RECORDED_NAME
 
 
@@ -130,9 +146,43 @@ def test_app_marks_the_recording(replayed, monkeypatch):
     assert at.get("vega_lite_chart"), "the recorded H200's roofline is drawn with the H200's ceilings"
 
 
-def test_app_refuses_a_missing_named_store(capsys, tmp_path):
-    code, _, err = run(["app", "--db", f"sqlite:///{tmp_path / 'nope.db'}"], capsys)
-    assert code == 2 and "no gemmscape database" in one_line(err)
+def test_app_counts_and_shows_the_replay_as_the_cli_does(replayed, monkeypatch):
+    """On the store the quick start's replay left: the overview counts the trials the search said it
+    evaluated (invalid points apart), and the Kernel page of the replayed best shows today's render
+    of its spec, said not to be the source measured (never "never compiled")."""
+    from streamlit.testing.v1 import AppTest
+
+    url, _, _, out = replayed
+    summary = json.loads(out.stdout)
+    monkeypatch.setenv("GEMMSCAPE_DB", url)
+    main = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    at = AppTest.from_file(str(main), default_timeout=60).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["trials"] == str(summary["evaluated"]) == "12"
+    at.switch_page("pages/kernel.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.selectbox(key="kernel_name").value == summary["best"]["kernel"]
+    shown = " ".join(str(e.value) for e in [*at.info, *at.warning, *at.caption, *at.markdown])
+    assert "never compiled" not in shown and "rejected before it was rendered" not in shown
+    assert [c for c in at.code if c.language == "cpp"], "today's render of the replayed best is shown"
+
+
+def test_app_refuses_a_missing_named_store_as_results_does(capsys, tmp_path, monkeypatch):
+    """One message, from one place, for a store named to be read that is not there: what it is and
+    what to do; exit 1 (nothing found) from app as from results, and the dashboard is not started."""
+    from app import launch
+
+    monkeypatch.setattr(launch, "run", lambda *a: pytest.fail("the dashboard started"))
+    url = f"sqlite:///{tmp_path / 'nope.db'}"
+    said = {}
+    for command in ("app", "results"):
+        code, out, err = run([command, "--db", url], capsys)
+        assert code == errors.EXIT_FAILURE and out == ""
+        said[command] = one_line(err).removeprefix(f"codegen {command}: ")
+    assert said["app"] == said["results"]
+    assert said["app"].startswith(f"no gemmscape database at {tmp_path / 'nope.db'}: run a search first")
+    assert "--db URL or the GEMMSCAPE_DB environment variable" in said["app"]
+    assert not (tmp_path / "nope.db").exists()
 
 
 # ---- export --best over several devices ------------------------------------------------------------
@@ -210,3 +260,47 @@ def test_main_module_runs_and_exit_code_passes_through(tmp_path):
                          timeout=120)
     assert out.returncode == 2 and out.stdout == "" and len(out.stderr.strip().splitlines()) == 1
     assert errors.EXIT_USAGE == 2
+
+
+# ---- what the README's commands write stays out of git ----------------------------------------------
+def test_the_readme_s_output_folders_are_ignored_by_git():
+    """Every folder the README's commands write into (``--out DIR/``, ``--bundle DIR/``, relative to
+    the repository, as the quick start runs them) is ignored by git, so a quick start leaves the
+    checkout clean."""
+    import re
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme = (root / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
+    folders = sorted(set(re.findall(r"--(?:out|bundle) ([A-Za-z_][\w.-]*/)", blocks)))
+    assert "exported/" in folders and "kernels/" in folders
+    for folder in folders:
+        probe = f"{folder}some_kernel.cu"
+        ignored = subprocess.run(["git", "check-ignore", "-q", probe], cwd=root)
+        assert ignored.returncode == 0, f"{probe} (written by a README command) is not ignored by git"
+
+
+# ---- codegen app: the port is checked before the URL is printed and the server started ----------------
+def test_app_on_a_busy_port_is_one_line_and_starts_nothing(db, capsys, monkeypatch):
+    import socket
+
+    from app import launch
+
+    started = []
+    monkeypatch.setattr(launch, "run", lambda url, port: started.append(port) or 0)
+    url, _ = db
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, out, err = run(["app", "--db", url, "--port", str(port)], capsys)
+        assert code == errors.EXIT_USAGE and out == "" and started == []
+        line = one_line(err)
+        assert line == (f"codegen app: port {port} on 127.0.0.1 is in use (another dashboard?): stop what holds it, "
+                        f"or choose another with --port N")
+        assert "http://" not in err
+    code, _, err = run(["app", "--db", url, "--port", str(port)], capsys)  # free again: the URL, then the server
+    assert code == 0 and started == [port] and f"dashboard on http://127.0.0.1:{port}" in one_line(err)

@@ -100,9 +100,9 @@ def test_results_table_lists_the_best_per_problem(stored):
 
 
 # ---- the measured source is what ships ---------------------------------------------------------------
-def _measured(store, spec, problem, source_hash, source=None, ms=0.01, p80=None):
+def _measured(store, spec, problem, source_hash, source=None, ms=0.01, p80=None, device_name="NVIDIA H200"):
     """A kernel measured with ``source_hash``; its text is stored only when ``source`` is given."""
-    device = store.device({"name": "NVIDIA H200", "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"})
+    device = store.device({"name": device_name, "sm": "sm_90", "driver": "580.159.04", "nvrtc": "13.0"})
     record = {"name": spec.name, "family": spec.family, "spec": spec.to_dict(), "arch": "sm_90",
               "source_hash": source_hash}
     if source is not None:
@@ -186,6 +186,36 @@ def test_export_of_a_stale_measurement_can_ship_the_render_unmeasured(tmp_path):
     other = manifest["measured_other_source"]
     assert other["source_hash"] == "0" * 64 and other["median_ms"] == pytest.approx(0.01)
     assert other["device"]["name"] == "NVIDIA H200" and "not measured" in other["note"]
+    assert other["note"] == (f"measured on NVIDIA H200 with source {'0' * 64}, which is not stored; today's templates "
+                             f"render other source ({source_hash(cu)}): this export, which was not measured")
+    assert "no longer render the source measured" in manifest["source_note"] and "not measured" in manifest["source_note"]
+
+
+def test_export_of_a_replayed_kernel_whose_source_today_s_templates_do_not_render_says_so(tmp_path):
+    """A replayed kernel (a recording keeps the hash of the source it measured, not the source)
+    whose hash is not today's render's: the export is the render, unmeasured, and its label names
+    the recording, the hash of the source it measured and today's render's hash."""
+    from codegen.export import export_kernel, other_source_note
+    from codegen.render import render, source_hash
+    from store import Store
+    from store.records import recorded_device_name
+
+    recording = recorded_device_name("NVIDIA H200", "2026-11-30T14:10:45Z", "replay-simt-4096x4096x4096-fp32.json")
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    stale = SimtSpec(bm=64, bn=64, bk=16, wm=16, wn=32, tm=4, tn=4)
+    _measured(store, stale, Problem(64, 64, 64), "6597" + "0" * 60, device_name=recording)
+    cu, js = export_kernel(store, stale.name, unmeasured_render=True)
+    manifest = json.loads(js)
+    today = source_hash(render(stale))
+    assert cu == render(stale) and manifest["source_hash"] == today and manifest["measured"] is None
+    other = manifest["measured_other_source"]
+    assert other["device"]["recorded"] is True and other["source_hash"] == "6597" + "0" * 60
+    assert other["note"] == (f"the recording {recording} measured source {'6597' + '0' * 60} (a recording keeps "
+                             f"source hashes, not sources); today's templates render other source ({today}): this "
+                             f"export, which was not measured")
+    assert other_source_note(other["source_hash"], today, other["device"], short=True) == (
+        f"the recording {recording} measured source 659700000000… (a recording keeps source hashes, not sources); "
+        f"today's templates render other source ({today[:12]}…): this export, which was not measured")
 
 
 def test_export_files_says_a_source_was_rendered():

@@ -13,8 +13,9 @@ import pytest
 from codegen import cli
 from codegen.cli import layer as cli_layer
 from codegen.nn.bundle import Bundle, BundleError, StoreKernels, layer_shape
-from codegen.nn.tune import LayerShape, generated, layer_problems
+from codegen.nn.tune import LayerShape, layer_problems
 from codegen.problem import DType, Layout, Problem, linear_problems
+from search.fit import generated
 
 torch = pytest.importorskip("torch")
 from codegen.nn import layer as nn  # noqa: E402  (after torch: the layer needs it)
@@ -101,12 +102,11 @@ def test_tune_linear_tunes_what_it_can_and_skips_the_rest(tuned, capsys):
     assert err.count("skip ") == 2 and "32x4096x4096_fp32_grad_input" in err
 
 
-def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsys, monkeypatch):
+def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsys, monkeypatch, gpu_said_present):
     """Without --replay each GEMM gets a GPU measurer; here gpu_measurer is REPLACED by the replayed
     recording (forward only), and ``generated`` is REPLACED to refuse the backward layouts, so the
     test does not depend on what the families generate today."""
-    from codegen.nn import tune as tune_mod
-    from search import parallel
+    from search import fit, parallel
     from search.measure import ReplayMeasurer
 
     asked = []
@@ -119,7 +119,7 @@ def test_tune_linear_skips_a_layout_the_family_does_not_generate(tmp_path, capsy
         return None if problem.layout is Layout.forward else f"fake: no {problem.layout.value}"
 
     monkeypatch.setattr(parallel, "gpu_measurer", fake_measurer)
-    monkeypatch.setattr(tune_mod, "generated", fake_generated)
+    monkeypatch.setattr(fit, "generated", fake_generated)
     url = f"sqlite:///{tmp_path / 's.db'}"
     code, out, err = run(["tune-linear", *LAYER, "--budget", "5", "--db", url, "--quiet", "--no-baseline"], capsys)
     assert code == 0
@@ -136,8 +136,8 @@ class _FakeSummary:
 
 @pytest.mark.parametrize("sm,searched", [(90, {"tensorcore", "hopper"}), (80, {"tensorcore"})])
 def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeypatch, sm, searched):
-    """No family named: each GEMM of a bf16 layer is searched in the tensor-core family and the Hopper
-    family, in that order; on a GPU without sm_90 the Hopper searches are skipped with their reason,
+    """No family named: each GEMM of a bf16 layer is searched in every family a default search takes
+    (search.fit), fastest first: the Hopper family, then the tensor-core family; on a GPU without sm_90 the Hopper searches are skipped with their reason,
     once the measurer says what the GPU is. run_search is REPLACED by a recorder (no GPU here)."""
     from codegen.nn import tune as tune_mod
     from codegen.spec import DeviceLimits
@@ -160,7 +160,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
     problems = layer_problems({LayerShape(256, 512, 512, DType.bf16, True): ["layer"]})
     results = tune_mod.tune(problems, None, lambda p: Measurer(), budget=3, progress=False, say=said.append)
     assert [(r.problem.layout, r.family) for r in results] == [(p.layout, f) for p in problems
-                                                               for f in ("tensorcore", "hopper")]
+                                                               for f in ("hopper", "tensorcore")]
     assert {f for _, f in ran} == searched and len(ran) == 3 * len(searched)
     skipped = [r for r in results if r.skipped]
     assert len(skipped) == 3 - 3 * (len(searched) - 1) and all("sm_90" in r.skipped for r in skipped)
@@ -171,7 +171,7 @@ def test_a_16_bit_layer_is_tuned_in_both_tensor_core_families_by_default(monkeyp
                          lambda p: Measurer(), budget=1, progress=False, say=said.append)[0].family == "simt"
 
 
-def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(capsys, monkeypatch):
+def test_tune_linear_takes_several_families_and_refuses_one_a_recording_lacks(capsys, monkeypatch, gpu_said_present):
     seen = {}
 
     def record(problems, families, *a, **kw):
@@ -214,8 +214,9 @@ def make():
 
 
 @pytest.fixture
-def captured(monkeypatch):
-    """run_tuning REPLACED by a recorder: these tests check what tune-model asks to tune."""
+def captured(monkeypatch, gpu_said_present):
+    """run_tuning REPLACED by a recorder (and a GPU said to be there): these tests check what
+    tune-model asks to tune."""
     seen = {}
 
     def record(args, problems):

@@ -1,8 +1,9 @@
 """``codegen`` command line: compile, bench, search, sweep, export, tune-linear, pick-step, tune-model,
 prune, results, app.
 
-``--family NAME`` picks a kernel family (default simt; tune-linear and tune-model take it several
-times and default to the dtype's families, codegen.nn.tune.DEFAULT_FAMILIES); the variant options are
+``--family NAME`` picks a kernel family; without it every command takes what search.fit's one rule
+says fits the problem on the arch (search, tune-linear and tune-model: every such family, and they
+take ``--family`` several times; compile, bench and sweep: the first of them). The variant options are
 that family's own, built from its spec's fields (``codegen bench --family NAME --help`` lists them).
 
 Exit codes (codegen.cli.errors): 0 done; 1 it ran and the answer is a failure (a kernel failed,
@@ -27,7 +28,7 @@ import sys
 
 from codegen import families
 from codegen.cli import export, kernel, layer, prune, results, search
-from codegen.cli.checks import one_line
+from codegen.cli.checks import no_gpu_line, one_line
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, Failure, UsageError
 from codegen.cli.options import DEFAULT_FAMILY, Commands, HelpFormatter, Parser
 
@@ -99,10 +100,12 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code (see the module docstring). A user mistake, a store
-    that cannot be used and a compiler that cannot run become one line on stderr; with ``--debug``
-    they raise instead. Any other exception is a bug in gemmscape and keeps its traceback."""
+    that cannot be used, a compiler that cannot run and no GPU to run on become one line on stderr;
+    with ``--debug`` they raise instead. Any other exception is a bug in gemmscape and keeps its
+    traceback."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from codegen.worker import WorkerUnavailable
     from store import StoreError
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -120,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _say(args, str(e))
         return EXIT_FAILURE
+    except WorkerUnavailable as e:  # no GPU (codegen.worker.NoGpu), or one whose worker cannot start
+        if debug:
+            raise
+        _say(args, no_gpu_line(e, getattr(args, "command", None)))
+        return EXIT_USAGE
     except (StoreError, SQLAlchemyError) as e:
         if debug:
             raise

@@ -1,5 +1,6 @@
-"""Places on disk and the store, checked before anything is written: a bad one is a UsageError
-(exit 2) that says why, and a store that is not there to read is a Failure (exit 1)."""
+"""Places on disk, the store and the GPU, checked before anything is written: a bad one is a
+UsageError (exit 2) that says why, and a store that is not there to read is a Failure (exit 1).
+No GPU to run on is one line for every command that needs one (``no_gpu_line``, exit 2)."""
 
 from __future__ import annotations
 
@@ -92,8 +93,9 @@ def store_url(url: str | None) -> str:
 
 def check_store(url: str | None, read_only: bool = False) -> str:
     """Check what ``url`` names before anything opens it: a SQLite file must be a SQLite database
-    and, to write, writable (or creatable). Returns the URL to open."""
-    from store.db import sqlite_path
+    and, to write, writable, or creatable in a folder that exists (the default store's folder
+    excepted, which the store creates: store.db.folder_problem). Returns the URL to open."""
+    from store.db import folder_problem, missing_message, sqlite_path
 
     url = store_url(url)
     path = sqlite_path(url)
@@ -110,10 +112,12 @@ def check_store(url: str | None, read_only: bool = False) -> str:
         if head and head != SQLITE_HEADER:
             raise UsageError(f"{path} is not a SQLite database, so not a gemmscape store")
     elif read_only:
-        raise Failure(f"no gemmscape database at {path}: run a search first (`codegen search ...`), or name one "
-                      f"with --db URL or the GEMMSCAPE_DB environment variable")
+        raise Failure(missing_message(path))
     if not read_only:
         check_writable(path, "the store", folder=False)
+        reason = None if path.exists() else folder_problem(path)
+        if reason:
+            raise UsageError(reason)
     return url
 
 
@@ -149,3 +153,21 @@ def one_line(e: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines()
                     if line.strip() and not line.strip().startswith("(Background on this error"))
 
+
+
+#: What a command that runs kernels on the GPU can do without one: the end of its no-GPU line.
+WITHOUT_GPU = {
+    "bench": "`codegen compile` renders and compiles a variant without one",
+    "search": "to search recorded H200 measurements without one use --replay FILE (see README)",
+    "tune-linear": "to tune from a recording without one use --replay FILE",
+    "tune-model": "to tune from a recording without one use --replay FILE",
+}
+
+
+def no_gpu_line(e: BaseException, command: str | None) -> str:
+    """The one line of every command that needs a GPU and finds none it can use (codegen.worker.NoGpu,
+    or a GPU worker that cannot start): what is missing, that the command needs a GPU, and what it
+    can do without one."""
+    reason = one_line(e).rstrip(".")
+    alternative = WITHOUT_GPU.get(command or "")
+    return f"{reason}: it needs an NVIDIA GPU and its driver" + (f"; {alternative}" if alternative else "")

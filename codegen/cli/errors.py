@@ -1,8 +1,9 @@
 """What a command's run comes to: its exit code, and the two errors that end it early.
 
 0 done; 1 it ran and the answer is a failure (``Failure``); 2 a usage error (``UsageError``: the
-command line, or a file, database or setting it names, cannot be used; nothing was written); 130
-interrupted (Ctrl-C or SIGTERM).
+command line, or a file, database or setting it names, cannot be used; nothing was written), and
+no GPU to run on for a command that needs one (``codegen.worker.NoGpu``, said in one line by
+``checks.no_gpu_line``); 130 interrupted (Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations

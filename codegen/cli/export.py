@@ -10,6 +10,7 @@ from pathlib import Path
 
 from codegen.cli.checks import check_writable, open_store
 from codegen.cli.errors import EXIT_OK, Failure, UsageError
+from codegen.cli.layer import add_margin_arg
 from codegen.cli.options import (
     Commands,
     add_db_arg,
@@ -19,6 +20,7 @@ from codegen.cli.options import (
     problem_given,
     sparse_given,
 )
+from codegen.nn.verdict import MARGIN
 
 
 def register(commands: Commands) -> None:
@@ -34,7 +36,9 @@ def register(commands: Commands) -> None:
                    help="folder to write into, created if missing (default: none; needed unless --bundle)")
     p.add_argument("--bundle", type=Path, metavar="DIR",
                    help="write the fastest kernel of every tuned problem (per device; with --device, --family: "
-                        "of those) and one index.json that codegen.nn loads without the store (default: none)")
+                        "of those) and one index.json that codegen.nn loads without the store, with each kernel's "
+                        "verdict against cuBLAS (default: none)")
+    add_margin_arg(p)
     add_db_arg(p)
     p.set_defaults(func=cmd_export)
 
@@ -64,24 +68,30 @@ def cmd_export_bundle(args: argparse.Namespace) -> int:
     check_writable(args.bundle, "--bundle", folder=True)
     store = open_store(args.db, read_only=True)
     device = _given_device(store, args.device)
-    index = write_bundle(store, args.bundle, device_id=device["id"] if device else None, family=args.family)
+    index = write_bundle(store, args.bundle, device_id=device["id"] if device else None, family=args.family,
+                         margin=args.margin)
     for s in index["skipped"]:
         print(f"skipped {s['problem']} on {s['device']}: {s['reason']}", file=sys.stderr)
     if not index["kernels"]:
         raise Failure(f"no kernel could be exported from {store.location}" +
                       (" (all skipped, see above)" if index["skipped"] else ": nothing tuned yet (`codegen tune-linear`)"))
     devices = sorted({e["device"] for e in index["kernels"]})
+    counts = index["verdicts"]
     print(f"wrote {len(index['kernels'])} kernels ({len({e['key'] for e in index['kernels']})} problems, "
           f"{len(devices)} device{'s' if len(devices) != 1 else ''}) and {args.bundle / 'index.json'}")
+    print(f"verdicts against cuBLAS (margin {args.margin:g}): ours {counts['ours']}, cuBLAS {counts['cublas']}, "
+          f"unknown {counts['unknown']}", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from codegen.export import ExportError, export_kernel, write_export
+    from codegen.export import ExportError, export_kernel, other_source_note, write_export
     from store.records import is_recorded
 
     if args.bundle is not None:
         return cmd_export_bundle(args)
+    if args.margin != MARGIN:
+        raise UsageError("--margin judges a bundle's verdicts against cuBLAS: give --bundle DIR")
     if args.out is None:
         raise UsageError("give --out DIR (one kernel) or --bundle DIR (every tuned kernel)")
     if args.best and args.kernel:
@@ -118,10 +128,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as e:
         raise Failure(str(e)) from None
     doc = json.loads(texts[1])
-    if doc.get("measured_other_source"):
-        print(f"note: {name} was measured with source {str(doc['measured_other_source']['source_hash'])[:12]}…, "
-              f"which is not stored and which the templates no longer render; this export is today's render, "
-              f"not measured (the manifest's measured_other_source says what was)", file=sys.stderr)
+    other = doc.get("measured_other_source")
+    if other:
+        note = other_source_note(other["source_hash"], doc["source_hash"], other["device"], short=True)
+        print(f"note: {name}: {note} (the manifest's measured_other_source says what was measured)", file=sys.stderr)
     cu, js = write_export(args.out, name, texts)
     print(f"wrote {cu} and {js}")
     return EXIT_OK

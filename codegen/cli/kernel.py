@@ -88,19 +88,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from codegen.evaluate import Evaluator
-    from codegen.worker import WorkerUnavailable
 
     problem = problem_from_args(args)
     spec = spec_from_args(args, problem)
     check_cache()
     if not args.no_store:
         check_store(args.db)  # before the GPU runs: a store that cannot take the trial is found now
-    try:
-        with Evaluator(arch=args.arch, baseline=not args.no_baseline, timeout_s=args.timeout) as ev:
-            result, built = ev.evaluate(spec, problem)
-            device, arch = ev.device(), ev.target_arch
-    except WorkerUnavailable as e:
-        raise UsageError(str(e)) from None
+    with Evaluator(arch=args.arch, baseline=not args.no_baseline, timeout_s=args.timeout) as ev:  # no GPU: NoGpu
+        result, built = ev.evaluate(spec, problem)
+        device, arch = ev.device(), ev.target_arch
     if not args.no_store:  # nothing measured is lost: the trial goes to the store (no search run)
         store = open_store(args.db)
         record = built.kernel_record()

@@ -1,6 +1,8 @@
 """The linear layer's commands: ``codegen tune-linear`` and ``codegen tune-model`` tune a layer's or
-a model's GEMMs (codegen.nn.tune), ``codegen pick-step`` picks a tuned layer's kernels by the train
-step's time into a bundle (codegen.nn.step, codegen.nn.bundle)."""
+a model's GEMMs (codegen.nn.tune) and with ``--bundle`` write the store's kernels as a bundle with
+their verdicts against cuBLAS (codegen.nn.verdict; forward GEMMs of few rows judged again in engine
+timing, codegen.nn.timing); ``codegen pick-step`` picks a tuned layer's kernels by the train step's
+time into a bundle (codegen.nn.step, codegen.nn.bundle)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,20 @@ from pathlib import Path
 from codegen import families
 from codegen.cli.checks import check_cache, check_store, check_writable, open_store
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, Failure, UsageError
-from codegen.cli.options import Commands, add_db_arg, add_gpu_args, positive_int
-from codegen.cli.search import search_seeds
-from codegen.problem import DType
+from codegen.cli.options import DEFAULT_DTYPE, Commands, add_db_arg, add_gpu_args, positive_int, take_recorded
+from codegen.cli.search import read_recording, search_seeds
+from codegen.nn.verdict import ENGINE_MAX_M, MARGIN
+from codegen.problem import DType, Layout
 from search import DEFAULT_SAMPLER, SAMPLERS
 
 
 def register(commands: Commands) -> None:
     p = commands.add("tune-linear", "tune the three GEMMs of one linear layer (forward, grad_input, grad_weight)")
     add_shape_args(p)
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
-    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db)")
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help=f"element type (default: {DEFAULT_DTYPE}; with --replay, the recording's)")
+    p.add_argument("--bias", action="store_true", help="the layer has a bias (forward adds b, grad_weight gives db; "
+                   "with --replay: as the recording)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_linear)
 
@@ -37,13 +42,19 @@ def register(commands: Commands) -> None:
                    help="stored kernels tried per GEMM, fastest alone first")
     p.add_argument("--reps", type=positive_int, default=30, help="timed graph replays per step tried")
     p.add_argument("--quiet", action="store_true", help="no line per step tried")
+    p.add_argument("--verdict-step", action="store_true",
+                   help="also judge each picked GEMM against torch's op inside the train step (the step with it on "
+                        "ours against the step with it on torch's op) and record that verdict (timing train_step) "
+                        "in the bundle, where it decides over the search's cold single calls")
+    add_margin_arg(p)
     add_db_arg(p)
     p.set_defaults(func=cmd_pick_step)
 
     p = commands.add("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
     p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "
                    "whole with torch.save (.pt/.pth)")
-    p.add_argument("--batch", type=positive_int, required=True, help="rows of X (tokens per step) for every layer")
+    p.add_argument("--batch", type=positive_int, required=True, nargs="+",
+                   help="rows of X (tokens per step) for every layer; several: the layers at each")
     p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
                    help="element type (default: each layer's weight dtype)")
     add_tune_args(p)
@@ -59,11 +70,15 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:
-    """What tune-linear and tune-model share with ``codegen search``."""
+    """What tune-linear and tune-model share with ``codegen search``, and --layout."""
+    p.add_argument("--layout", choices=[layout.value for layout in Layout], action="append", default=None,
+                   help="tune only this GEMM of each layer; repeat it for several (default: all three; "
+                        "inference needs forward alone)")
     p.add_argument("--family", choices=families.names(), action="append", default=None,
                    help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
-                        "each; the store keeps all and a bundle takes the fastest). default per dtype: fp32 simt, "
-                        "tf32 tensorcore, fp16 and bf16 tensorcore and hopper (skipped with its reason off sm_90)")
+                        "each; the store keeps all and a bundle takes the fastest). default: every family that fits "
+                        "the GEMM, as codegen search takes them: fp32 simt; fp16 and bf16 hopper (sm_90) and "
+                        "tensorcore, and direct for a block-sparse W; tf32 tensorcore")
     p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM and family")
     p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
                    help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
@@ -75,17 +90,62 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
                         "are skipped (default: none, measure on the GPU)")
     add_gpu_args(p, timeout=30.0)
     p.add_argument("--no-store", action="store_true", help="do not record the trials")
-    p.add_argument("--no-baseline", action="store_true", help="skip cuBLAS (torch) timing")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip cuBLAS (torch) timing (a bundle's verdicts are then unknown: codegen.nn runs ours)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_verdict_args(p)
+
+
+def margin_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"a margin lies in [0, 1), got {text}")
+    return value
+
+
+def add_margin_arg(p: argparse.ArgumentParser) -> None:
+    """The noise margin a bundle's verdicts are judged at (codegen.nn.verdict.MARGIN)."""
+    p.add_argument("--margin", type=margin_value, default=MARGIN,
+                   help="noise margin of the verdicts: ours wins a GEMM only where cuBLAS's median over ours "
+                        "exceeds 1 + MARGIN (a tie goes to cuBLAS)")
+
+
+def add_verdict_args(p: argparse.ArgumentParser) -> None:
+    """--bundle, --margin and --no-engine-verdict, as tune-linear and tune-model take them."""
+    p.add_argument("--bundle", type=Path, metavar="DIR", default=None,
+                   help="after tuning, write the store's kernels as a bundle (as `codegen export --bundle`) with "
+                        "each GEMM's verdict against cuBLAS; forward GEMMs of at most "
+                        f"{ENGINE_MAX_M} rows are judged again in engine timing on this GPU (default: none)")
+    add_margin_arg(p)
+    p.add_argument("--no-engine-verdict", action="store_true",
+                   help="with --bundle: keep the search's cold single-call verdicts, no engine timing")
 
 
 
 def cmd_tune_linear(args: argparse.Namespace) -> int:
     from codegen.nn.tune import LayerShape, layer_problems
 
-    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype), args.bias)
-    print(f"layer {shape.describe()}: forward, grad_input and grad_weight GEMMs", file=sys.stderr)
-    return run_tuning(args, layer_problems({shape: ["layer"]}))
+    gpu_unless_replay(args)
+    if args.replay:  # the recording gives the dtype (and the bias) its GEMM was measured with
+        recorded = read_recording(args.replay).problem
+        take_recorded(args, args.replay, recorded.key, {
+            "dtype": ("--dtype", recorded.dtype.value),
+            **({"bias": ("--bias", recorded.bias)} if recorded.layout is not Layout.grad_input else {})})
+    shape = LayerShape(args.batch, args.in_features, args.out_features, DType(args.dtype or DEFAULT_DTYPE), args.bias)
+    layouts = asked_layouts(args)
+    print(f"layer {shape.describe()}: {', '.join(layouts[:-1]) + ' and ' if len(layouts) > 1 else ''}{layouts[-1]} "
+          f"GEMM{'s' if len(layouts) > 1 else ''}", file=sys.stderr)
+    problems = {p: v for p, v in layer_problems({shape: ["layer"]}).items() if p.layout.value in layouts}
+    return run_tuning(args, problems)
+
+
+def asked_layouts(args: argparse.Namespace) -> list[str]:
+    """The GEMMs of each layer --layout asks for (all three when not given), in the layer's order."""
+    asked = set(args.layout or [layout.value for layout in Layout])
+    return [layout.value for layout in Layout if layout.value in asked]
 
 
 def cmd_pick_step(args: argparse.Namespace) -> int:
@@ -96,16 +156,20 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
     dtype = DType(args.dtype)
     if dtype not in (DType.fp32, DType.fp16, DType.bf16):
         raise UsageError(f"--dtype {dtype.value}: pick-step runs the layer in torch, whose dtypes are fp32, fp16, bf16")
+    from codegen.worker import NoGpu, require_gpu
+
+    require_gpu()
     try:
         import torch
     except ImportError:
         raise UsageError("pick-step times the layer's train step in torch: install the torch extra "
                          "(pip install 'gemmscape[torch]')") from None
     if not torch.cuda.is_available():
-        raise Failure("pick-step needs a CUDA GPU visible to torch")
+        raise NoGpu(f"torch {torch.__version__} sees no CUDA GPU" + ("" if torch.version.cuda else
+                                                                       " (a CPU-only build of torch)"))
     from codegen.export import export_kernel
     from codegen.nn import step as steps
-    from codegen.nn.bundle import pick_stored, write_bundle
+    from codegen.nn.bundle import Bundle, pick_stored, write_bundle
     from codegen.versions import versions
 
     check_writable(args.bundle, "--bundle", folder=True)
@@ -126,7 +190,18 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
         return (row, *export_kernel(st, row["kernel"], problem, arch=row["arch"], source_hash=row["source_hash"],
                                     device_id=row["device_id"]))
 
-    index = write_bundle(store, args.bundle, choose=choose)
+    index = write_bundle(store, args.bundle, choose=choose, margin=args.margin)
+    judged = {}
+    if args.verdict_step:
+        judged = steps.judge(step, found["files"], args.reps, margin=args.margin)
+        bundle = Bundle(args.bundle)
+        for lay, (verdict, status) in judged.items():
+            if verdict is not None:
+                bundle.set_verdict(step.problems[lay], device, verdict)
+            print(f"{lay.value:11s} in the step against torch's op: "
+                  + (verdict.describe() if verdict is not None else f"no verdict ({status})"), file=sys.stderr)
+        bundle.save()
+        index = bundle.index
     doc = {"suite": "step_pick", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "device": device,
            "versions": {**versions(), "torch": torch.__version__}, "command": "codegen " + " ".join(sys.argv[1:]),
            "layer": {"batch": args.batch, "in": args.in_features, "out": args.out_features, "dtype": dtype.value,
@@ -135,7 +210,8 @@ def cmd_pick_step(args: argparse.Namespace) -> int:
                       "note": "CUDA-event-timed graph replays of forward + autograd.grad, the L2 flushed before each"},
            "chosen": {lay.value: r["kernel"] for lay, r in found["chosen"].items()},
            "store_pick": {lay.value: r["kernel"] for lay, r in found["store_pick"].items()},
-           "final": found["final"], "trials": found["trials"]}
+           "final": found["final"], "trials": found["trials"],
+           "verdicts": {lay.value: (v.to_dict() if v is not None else {"status": st}) for lay, (v, st) in judged.items()}}
     (args.bundle / "step-pick.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     fin = found["final"]
     for lay, row in found["chosen"].items():
@@ -154,29 +230,44 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
     from codegen.nn.tune import layer_problems, linear_layers, load_model
 
+    gpu_unless_replay(args)
+    batches = list(dict.fromkeys(args.batch))
     try:
         model = load_model(args.model)
-        shapes = linear_layers(model, args.batch, DType(args.dtype) if args.dtype else None)
+        shapes = {}
+        for batch in batches:
+            shapes.update(linear_layers(model, batch, DType(args.dtype) if args.dtype else None))
     except ValueError as e:
         raise UsageError(f"{args.model}: {e}") from None
     if not shapes:
         raise Failure(f"{args.model} has no nn.Linear layer")
-    layers = sum(len(v) for v in shapes.values())
+    layers = sum(len(v) for v in shapes.values()) // len(batches)
+    at = f"batch {batches[0]}" if len(batches) == 1 else f"batches {', '.join(map(str, batches))}"
     print(f"{layers} linear layer{'s' if layers != 1 else ''}, {len(shapes)} distinct shape"
-          f"{'s' if len(shapes) != 1 else ''} at batch {args.batch}:", file=sys.stderr)
+          f"{'s' if len(shapes) != 1 else ''} at {at}:", file=sys.stderr)
     for shape, names in shapes.items():
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
         print(f"  {shape.describe()}: {shown}", file=sys.stderr)
-    return run_tuning(args, layer_problems(shapes))
+    layouts = asked_layouts(args)
+    return run_tuning(args, {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts})
+
+
+def gpu_unless_replay(args: argparse.Namespace) -> None:
+    """Without --replay the GEMMs are measured: no GPU is said first (codegen.worker.NoGpu), before
+    anything is printed or the store is opened (and created)."""
+    if not args.replay:
+        from codegen.worker import require_gpu
+
+        require_gpu()
 
 
 def run_tuning(args: argparse.Namespace, problems: dict) -> int:
     """Tune ``problems`` (Problem -> layer names) as tune-linear and tune-model ask; a summary table."""
     from codegen.nn.tune import tune
     from codegen.versions import versions
-    from search.measure import NoGpu, ReplayError, ReplayMeasurer
+    from search.measure import ReplayError, ReplayMeasurer
 
-    asked = args.family  # None: each dtype's default families (codegen.nn.tune.DEFAULT_FAMILIES)
+    asked = args.family  # None: every family that fits each GEMM (codegen.nn.tune.families_for)
     space_name = "restricted" if args.restricted else "full"
     seeding = argparse.Namespace(no_seeds=False, no_warm_start=args.no_warm_start, sampler=args.sampler, seed=args.seed)
     results_skipped = []
@@ -202,6 +293,10 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
 
         def make_measurer(problem):
             return gpu_measurer(problem, None, arch=args.arch, timeout_s=args.timeout, baseline=not args.no_baseline)
+    if args.bundle is not None:
+        if args.no_store:
+            raise UsageError("--bundle writes the store's kernels: drop --no-store")
+        check_writable(args.bundle, "--bundle", folder=True)
     if not args.no_store:
         check_store(args.db)
     store = None if args.no_store else open_store(args.db)
@@ -215,15 +310,76 @@ def run_tuning(args: argparse.Namespace, problems: dict) -> int:
                        say=lambda line: print(line, file=sys.stderr), seeds_for=seeds_for,
                        command="codegen " + " ".join(sys.argv[1:]), versions=versions(),
                        space=recorded.space if args.replay else None)
-    except NoGpu as e:
-        raise UsageError(f"{e}; to tune from a recording without a GPU use --replay FILE") from None
     except KeyboardInterrupt as e:
         print(f"codegen {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        if args.bundle is not None and store is not None:  # what was stored so far, without engine timing
+            args.no_engine_verdict = True
+            try:
+                write_verdict_bundle(args, store, list(problems), replayed=bool(args.replay))
+            except Exception as e2:  # noqa: BLE001  (the interruption is what to report)
+                print(f"codegen {args.command}: no bundle written: {type(e2).__name__}: {e2}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(tuning_table(results, results_skipped))
-    if store is not None and any(r.summary is not None and r.summary.best for r in results):
+    tuned = any(r.summary is not None and r.summary.best for r in results)
+    if store is not None and tuned and args.bundle is None:
         print(f"stored in {store.location}: `codegen export --bundle DIR` writes them for codegen.nn", file=sys.stderr)
-    return EXIT_OK if any(r.summary is not None and r.summary.best for r in results) else EXIT_FAILURE
+    if args.bundle is not None and tuned:
+        write_verdict_bundle(args, store, list(problems), replayed=bool(args.replay))
+    return EXIT_OK if tuned else EXIT_FAILURE
+
+
+def write_verdict_bundle(args: argparse.Namespace, store, problems: list, replayed: bool) -> None:
+    """``--bundle``: the store's kernels as a bundle with their verdicts (codegen.nn.bundle.write_bundle),
+    the forward GEMMs of few rows judged again in engine timing unless that cannot run here or is
+    declined; a table of the verdicts of ``problems`` (the GEMMs tuned now)."""
+    from codegen.nn.bundle import Bundle, verdict_summary, write_bundle
+    from codegen.nn.timing import judge_in_engine_timing
+
+    index = write_bundle(store, args.bundle, margin=args.margin)
+    for s in index["skipped"]:
+        print(f"skipped {s['problem']} on {s['device']}: {s['reason']}", file=sys.stderr)
+    bundle = Bundle(args.bundle)
+    why = engine_unavailable(args, replayed)
+    if why is None:
+        judge_in_engine_timing(bundle, margin=args.margin, say=lambda line: print(line, file=sys.stderr))
+        bundle = Bundle(args.bundle)
+    elif any(p.layout is Layout.forward and p.m <= ENGINE_MAX_M for p in problems):
+        print(f"no engine timing ({why}): the forward GEMMs of at most {ENGINE_MAX_M} rows keep their cold "
+              f"single-call verdicts, where a win of ours is unknown (codegen.nn runs ours, and says so)",
+              file=sys.stderr)
+    print(verdict_table(bundle.entries, {p.key for p in problems}))
+    counts = verdict_summary(bundle.index)
+    print(f"wrote {len(bundle.entries)} kernels and {args.bundle / 'index.json'}: ours won {counts['ours']}, "
+          f"cuBLAS {counts['cublas']}, unknown {counts['unknown']} (margin {args.margin:g})")
+
+
+def engine_unavailable(args: argparse.Namespace, replayed: bool) -> str | None:
+    """Why engine timing cannot judge here (None: it can)."""
+    if args.no_engine_verdict:
+        return "--no-engine-verdict"
+    if replayed:
+        return "tuned from a recording, no GPU"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    return None
+
+
+def verdict_table(entries: list[dict], keys: set[str]) -> str:
+    """One line per bundle entry whose problem is in ``keys``: problem, device, kernel, verdict."""
+    from codegen.nn.verdict import Verdict
+    from codegen.problem import Problem
+
+    lines = [f"{'problem':34s} {'kernel':62s} verdict"]
+    for e in entries:
+        if e["key"] not in keys:
+            continue
+        v = Verdict.from_dict(e.get("verdict"), Problem.from_dict(e["problem"]))
+        lines.append(f"{e['key']:34s} {e['kernel'][:62]:62s} {v.describe() if v else 'unknown (no verdict)'}")
+    return "\n".join(lines)
 
 
 def tuning_table(results: list, not_recorded: list | None = None) -> str:

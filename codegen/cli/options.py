@@ -19,6 +19,7 @@ from codegen.problem import DType, Layout, Problem
 from codegen.spec import KernelSpec
 
 DEFAULT_FAMILY = "simt"
+DEFAULT_DTYPE = "fp32"
 
 
 # ---- argument types: a bad value is a one-line usage error at parse time --------------------------
@@ -133,22 +134,33 @@ class Commands:
 SPARSE_OPTIONS = {"block": "--block", "density": "--density", "pattern_seed": "--pattern-seed", "weights": "--weights"}
 
 
-def add_problem_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+def add_problem_args(p: argparse.ArgumentParser, required: bool = True, replay: bool = False) -> None:
     """--m, --n, --k, --dtype, --bias, and the options of a block-sparse W. --n and --k are checked
-    by ``problem_from_args`` (not argparse): --weights gives them."""
-    if required:
-        m_none, nk_none = "", " (default: none; required unless --weights gives it)"
+    by ``problem_from_args`` (not argparse): --weights gives them. With ``replay`` (a command that
+    takes --replay FILE) every problem option may be left out for the recording to give
+    (``problem_from_recording``): --m is then checked by the command, and --dtype and --layout
+    default to None, read as fp32 and forward (``problem_from_args``) where nothing is replayed."""
+    if replay:
+        m_none = " (default: none; required unless --replay gives it)"
+        nk_none = " (default: none; required unless --weights or --replay gives it)"
+        recorded = "; with --replay, the recording's"
+    elif required:
+        m_none, nk_none, recorded = "", " (default: none; required unless --weights gives it)", ""
     else:
         m_none = nk_none = " (default: none; give all of --m, --n, --k or none; --weights gives --n, --k)"
-    p.add_argument("--m", type=positive_int, required=required, help="batch (rows of X and Y)" + m_none)
+        recorded = ""
+    p.add_argument("--m", type=positive_int, required=required and not replay, help="batch (rows of X and Y)" + m_none)
     p.add_argument("--n", type=positive_int, help="out features (rows of W)" + nk_none)
     p.add_argument("--k", type=positive_int, help="in features" + nk_none)
-    p.add_argument("--dtype", choices=[d.value for d in DType], default="fp32", help="element type")
-    p.add_argument("--bias", action="store_true", help="add b[N] (with --layout grad_weight: also db[M] = sum of dY)")
-    p.add_argument("--layout", choices=[v.value for v in Layout], default="forward",
+    p.add_argument("--dtype", choices=[d.value for d in DType], default=None if replay else DEFAULT_DTYPE,
+                   help=f"element type (default: {DEFAULT_DTYPE}{recorded})" if replay else "element type")
+    p.add_argument("--bias", action="store_true", help="add b[N] (with --layout grad_weight: also db[M] = sum of dY)"
+                   + (" (with --replay: as the recording)" if replay else ""))
+    p.add_argument("--layout", choices=[v.value for v in Layout], default=None if replay else "forward",
                    help="which GEMM of the linear layer: forward Y = X·Wᵀ; grad_input dX[M,N] = dY[M,K]·W[K,N] "
                         "(M batch, N in, K out); grad_weight dW[M,N] = dY[K,M]ᵀ·X[K,N] (M out, N in, K batch). "
-                        "--m, --n, --k are always the GEMM's output rows, output columns and reduction")
+                        "--m, --n, --k are always the GEMM's output rows, output columns and reduction"
+                        + (f" (default: forward{recorded})" if replay else ""))
     from codegen.sparse import BLOCKS
 
     g = p.add_argument_group("block-sparse W (default: none of these, W is dense)")
@@ -257,7 +269,7 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
         values.update(dtype=problem.dtype, bias=problem.bias)
         block, layout = problem.block, problem.layout
     else:
-        values.update(dtype=DType(getattr(args, "dtype", "fp32")), bias=getattr(args, "bias", False))
+        values.update(dtype=DType(getattr(args, "dtype", None) or DEFAULT_DTYPE), bias=getattr(args, "bias", False))
         block, layout = getattr(args, "block", None) or 0, Layout(getattr(args, "layout", None) or "forward")
     dtype = values["dtype"]
     for refused, why, takes in (
@@ -378,13 +390,59 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
 
         batch = args.k if layout is Layout.grad_weight else args.m  # dW is sampled at the kept blocks
         try:
-            return problem_for(batch, pattern_from_args(args), DType(args.dtype), bias=args.bias, layout=layout)
+            return problem_for(batch, pattern_from_args(args), DType(args.dtype or DEFAULT_DTYPE), bias=args.bias,
+                               layout=layout)
         except ValueError as e:
             raise UsageError(str(e)) from None
     try:
-        return Problem(args.m, args.n, args.k, DType(args.dtype), layout, bias=args.bias)
+        return Problem(args.m, args.n, args.k, DType(args.dtype or DEFAULT_DTYPE), layout, bias=args.bias)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def take_recorded(args: argparse.Namespace, source, recorded_key: str, values: dict[str, tuple[str, object]],
+                  contradicted: bool = True) -> None:
+    """Options a recording gives: ``values`` maps an argparse dest to its flag and the recording's
+    value of it, as the command line spells it. Each option not given (None, or a flag left off)
+    takes the recording's value; one given that differs is a usage error naming it, since a
+    recording answers for its own problem only (unless not ``contradicted``: the caller compares)."""
+    conflicts = []
+    for dest, (flag, recorded) in values.items():
+        given = getattr(args, dest, None)
+        if given is None or given is False:
+            setattr(args, dest, recorded)
+        elif given != recorded:
+            conflicts.append(flag if given is True else f"{flag} {given}")
+    if conflicts and contradicted:
+        one = len(conflicts) == 1
+        raise UsageError(f"{', '.join(conflicts)} {'does' if one else 'do'} not match {source}, which records "
+                         f"{recorded_key}: leave {'it' if one else 'them'} out (the recording gives "
+                         f"{'it' if one else 'them'}), or replay a recording of your problem")
+
+
+def problem_from_recording(args: argparse.Namespace, recorded: Problem, source) -> Problem:
+    """The problem of a command line that replays a recording of ``recorded``: the problem options
+    not given take the recording's values (``take_recorded``), one given that differs is a usage
+    error. A block-sparse W is named by its pattern's options, which a recording does not hold: they
+    must be given; the W they make is built first (its own mistakes said as such), then the whole
+    problem must be the recorded one."""
+    check_sparse_args(args)  # options that do not go together are said as such, recording or not
+    values = {"m": ("--m", recorded.m), "n": ("--n", recorded.n), "k": ("--k", recorded.k),
+              "dtype": ("--dtype", recorded.dtype.value), "layout": ("--layout", recorded.layout.value),
+              "bias": ("--bias", recorded.bias)}
+    if sparse_given(args):
+        if getattr(args, "weights", None) is not None:  # the file gives N and K
+            values = {dest: v for dest, v in values.items() if dest not in ("n", "k")}
+        take_recorded(args, source, recorded.key, values, contradicted=False)
+        problem = problem_from_args(args)
+        if problem != recorded:
+            raise UsageError(f"{source} records {recorded.key}, not {problem.key}")
+        return problem
+    take_recorded(args, source, recorded.key, values)
+    if recorded.sparse:
+        raise UsageError(f"{source} records a block-sparse W ({recorded.key}): give the options of its pattern too "
+                         f"(--block with --density and --pattern-seed, or --weights)")
+    return problem_from_args(args)
 
 
 def describe_problem(problem: Problem) -> str:

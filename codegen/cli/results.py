@@ -46,15 +46,16 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from app.launch import run
+    from app.launch import HOST, port_problem, run
     from store.db import sqlite_path
 
     url = store_url(args.db)
     path = sqlite_path(url)
-    if path is not None and path.exists():
+    if path is not None and (path.exists() or args.db):  # a missing default store: the dashboard says what to do
         check_store(url, read_only=True)
-    elif args.db and path is not None:
-        raise UsageError(f"no gemmscape database at {path}")
-    print(f"dashboard on http://127.0.0.1:{args.port}, reading {safe_url(url)} read-only (Ctrl-C stops it)",
+    reason = port_problem(args.port)  # before the URL is printed and the server starts
+    if reason:
+        raise UsageError(reason)
+    print(f"dashboard on http://{HOST}:{args.port}, reading {safe_url(url)} read-only (Ctrl-C stops it)",
           file=sys.stderr)
     return run(args.db, args.port)

@@ -1,6 +1,6 @@
 """``codegen search`` and ``codegen sweep``: one problem's space searched with Optuna, or a narrowed
-space measured point by point into a replay recording. ``search_seeds`` and ``say_seeds`` also
-serve tune-linear and tune-model (codegen.cli.layer)."""
+space measured point by point into a replay recording. ``search_seeds``, ``say_seeds`` and
+``read_recording`` also serve tune-linear and tune-model (codegen.cli.layer)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from codegen.cli.options import (
     positive_int,
     printer,
     problem_from_args,
+    problem_from_recording,
 )
 from codegen.problem import Problem
 from search import DEFAULT_SAMPLER, GPU_LOOKAHEAD, SAMPLERS
@@ -29,7 +30,7 @@ from search import DEFAULT_SAMPLER, GPU_LOOKAHEAD, SAMPLERS
 
 def register(commands: Commands) -> None:
     p = commands.add("search", "search the space with Optuna on the GPU (or over a recording with --replay)")
-    add_problem_args(p)
+    add_problem_args(p, replay=True)
     p.add_argument("--family", choices=families.names(), action="append", default=None,
                    help="kernel family to search; repeat it for several (default: every family that fits the "
                         "problem on the GPU, with one budget over them: fp32 simt; fp16 and bf16 hopper (sm_90) "
@@ -41,8 +42,9 @@ def register(commands: Commands) -> None:
                    help="evaluated (compiled and run) trials, across resumed runs and over every family searched")
     p.add_argument("--restricted", action="store_true", help="search the restricted space (the one sweeps record)")
     p.add_argument("--replay", type=Path, metavar="FILE",
-                   help="answer from a recorded sweep, no GPU; trials are stored under a device named as a "
-                        "recording (default: none, measure on the GPU)")
+                   help="answer from a recorded sweep, no GPU; its problem is the search's (the problem options "
+                        "may be left out); trials are stored under a device named as a recording (default: none, "
+                        "measure on the GPU)")
     p.add_argument("--no-warm-start", action="store_true",
                    help="do not start from the store's best kernels for the nearest problems (same family, dtype "
                         "and GPU); try only the family's built-in seeds first")
@@ -118,10 +120,20 @@ def cmd_search(args: argparse.Namespace) -> int:
     from search.portfolio import Member, portfolio_space_name, run_portfolio
 
     say = printer(args.json)
-    problem = problem_from_args(args)
+    recording = read_recording(args.replay) if args.replay else None
+    if recording is not None:
+        problem = problem_from_recording(args, recording.problem, args.replay)
+    elif args.m is None:
+        raise UsageError("the following arguments are required: --m (or --replay FILE, whose recording gives the "
+                         "problem)")
+    else:
+        problem = problem_from_args(args)
     command = "codegen " + " ".join(sys.argv[1:])
     _check_sampler(args)
-    measurer, spaces, space_name, store = (_replayed if args.replay else _measured)(args, problem)
+    if recording is not None:
+        measurer, spaces, space_name, store = _replayed(args, recording)
+    else:
+        measurer, spaces, space_name, store = _measured(args, problem)
     member_space = portfolio_space_name(space_name, [s.family for s in spaces])
     try:
         if len(spaces) > 1:
@@ -159,15 +171,20 @@ def _check_sampler(args: argparse.Namespace) -> None:
                          f"or pick another --sampler")
 
 
-def _replayed(args: argparse.Namespace, problem: Problem) -> tuple:
-    """A search over a recording (--replay), no GPU: its measurer, the recorded family's space (in a
-    list), the space name and the store."""
+def read_recording(path: Path):
+    """The recording of --replay, read (a ReplayMeasurer, whose ``problem`` gives the problem options
+    left out); one that cannot be read is a usage error."""
     from search.measure import ReplayError, ReplayMeasurer
 
     try:
-        measurer = ReplayMeasurer(args.replay, problem)
+        return ReplayMeasurer(path)
     except ReplayError as e:
         raise UsageError(str(e)) from None
+
+
+def _replayed(args: argparse.Namespace, measurer) -> tuple:
+    """A search over a recording (--replay, read by ``read_recording``), no GPU: its measurer, the
+    recorded family's space (in a list), the space name and the store."""
     space = measurer.space
     if args.family and set(args.family) != {space.family}:
         raise UsageError(f"{args.replay} records the {space.family} family, not {', '.join(args.family)}")
@@ -203,7 +220,6 @@ def _families_here(args: argparse.Namespace, problem: Problem, limits) -> list:
 def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
     """A search on the GPU (those of --gpus): its measurer, the families' spaces, the space name and
     the store."""
-    from search.measure import NoGpu
     from search.parallel import gpu_measurer
 
     space_name = "restricted" if args.restricted else "full"
@@ -211,12 +227,9 @@ def _measured(args: argparse.Namespace, problem: Problem) -> tuple:
     check_cache()
     if not args.no_store:
         check_store(args.db)
-    try:
+    try:  # no GPU: NoGpu, said by codegen.cli.main as for every command that needs one
         measurer = gpu_measurer(problem, args.gpus, arch=args.arch, timeout_s=args.timeout,
                                 baseline=not args.no_baseline)
-    except NoGpu as e:
-        raise UsageError(f"{e}; to search recorded H200 measurements without a GPU use --replay FILE "
-                         f"(see README)") from None
     except ValueError as e:  # --gpus naming GPUs that are not there, or of different models
         raise UsageError(str(e)) from None
     try:
@@ -267,7 +280,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from search.measure import GpuMeasurer, NoGpu
+    from search.measure import GpuMeasurer
     from search.space import narrowings, space_for
 
     problem = problem_from_args(args)
@@ -296,10 +309,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 earlier.get("space") != space.to_dict():
             raise UsageError(f"--resume {args.resume} is not a recording of {problem.key} over the "
                              f"{args.space} space")
-    try:
-        measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)
-    except NoGpu as e:
-        raise UsageError(str(e)) from None
+    measurer = GpuMeasurer(problem, arch=args.arch, timeout_s=args.timeout)  # no GPU: NoGpu (codegen.cli.main)
     from search.sweep import sweep
 
     try:

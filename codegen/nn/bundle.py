@@ -4,7 +4,13 @@
 ``<problem key>/<device>/<kernel>.cu`` and ``.json`` (the export manifest, codegen.export) and one
 ``index.json`` listing them by layer shape, dtype, layout, bias and device. ``Bundle`` reads it back
 with nothing but the standard library; ``StoreKernels`` answers the same question from a store.
-Both ``find(problem, device)``: a ``KernelFile`` (manifest and source), or the reason there is none.
+Both ``find(problem, device)``: a ``KernelFile`` (manifest, source and the kernel's verdict against
+cuBLAS, codegen.nn.verdict), or the reason there is none.
+
+Each index entry keeps ``verdicts`` (by timing: what measured it) and ``verdict``, the one that
+decides (codegen.nn.verdict.deciding): from the store's rows the search's cold single calls, and
+where ``codegen tune-model --bundle`` or ``pick-step`` measured more, engine or train-step timing.
+A bundle written before verdicts has neither and still loads: its kernels' winner is unknown.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegen.nn import verdict as verdicts
 from codegen.problem import Layout, Problem
 
 __all__ = ["BUNDLE_FORMAT", "Bundle", "BundleError", "KernelFile", "SeedKernels", "StoreKernels", "layer_shape",
-           "write_bundle"]
+           "verdict_summary", "write_bundle"]
 
 BUNDLE_FORMAT = "gemmscape-bundle/1"
 INDEX = "index.json"
@@ -35,6 +42,7 @@ class KernelFile:
     manifest: dict
     source: str
     origin: str
+    verdict: verdicts.Verdict | None = None  # None: never compared with cuBLAS (the winner is unknown)
 
 
 def layer_shape(problem: Problem) -> dict:
@@ -51,17 +59,20 @@ def _slug(text: str) -> str:
 
 
 def write_bundle(store, out: Path, *, device_id: int | None = None, family: str | None = None,
-                 include_recorded: bool = True, choose=None) -> dict:
+                 include_recorded: bool = True, choose=None, margin: float = verdicts.MARGIN) -> dict:
     """Export the kernel ``pick_stored`` chooses (the fastest ok one, but see there) for every problem
     (on each device, or on ``device_id``; of ``family`` if given) into ``out`` with one index.json;
     returns the index. ``choose`` (store, problem, rows) -> what pick_stored returns replaces it
     (``codegen pick-step`` chooses by the train step's time). Problems with no kernel that can be
     exported (no stored source of the measured kernel and the templates render another, or stored
     sources that no longer fit today's plan) are listed under ``skipped`` with the reason, never
-    shipped with a measurement of other source."""
+    shipped with a measurement of other source. Each entry's cold_single verdict comes from its trial
+    row (judged at ``margin``); verdicts of other timings that a bundle already in ``out`` holds for the
+    same kernel, problem and device are kept (a re-export does not lose what engine timing found)."""
     from codegen.export import write_export
 
     out = Path(out)
+    kept = _measured_verdicts(out)
     entries, skipped = [], []
     groups: dict[tuple, list[dict]] = {}
     for row in store.best(device_id=device_id, family=family, per_problem=CANDIDATES):
@@ -78,18 +89,56 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
         row, texts = picked[0], picked[1:]
         folder = out / problem.key / _slug(row["device"])
         cu, js = write_export(folder, row["kernel"], texts)
+        judged = {"cold_single": verdicts.from_row(row, problem, margin=margin).to_dict(),
+                  **kept.get((problem.key, row["device"], row["kernel"]), {})}
         entries.append({
             "problem": problem.to_dict(), "key": problem.key, "layer": layer_shape(problem),
             "dtype": problem.dtype.value, "layout": problem.layout.value, "bias": problem.bias,
             "device": row["device"], "recorded": bool(row.get("recorded")), "kernel": row["kernel"],
             "family": row["family"], "manifest": str(js.relative_to(out)), "source": str(cu.relative_to(out)),
             "median_ms": row["median_ms"], "tflops": row["tflops"],
+            "verdict": verdicts.deciding(judged), "verdicts": judged,
         })
     index = {"format": BUNDLE_FORMAT, "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
              "store": store.location, "kernels": entries, "skipped": skipped}
+    index["verdicts"] = verdict_summary(index)
     out.mkdir(parents=True, exist_ok=True)
-    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    _write_index(out / INDEX, index)
     return index
+
+
+def _write_index(path: Path, index: dict) -> None:
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(index, indent=1) + "\n")
+    part.replace(path)
+
+
+def _measured_verdicts(out: Path) -> dict:
+    """(problem key, device, kernel) -> the verdicts other than cold_single that a bundle already at
+    ``out`` holds (empty where there is none, or it cannot be read)."""
+    try:
+        entries = Bundle(out).entries
+    except BundleError:
+        return {}
+    found = {}
+    for e in entries:
+        other = {t: v for t, v in (e.get("verdicts") or {}).items() if t != "cold_single" and isinstance(v, dict)}
+        if other:
+            found[(e.get("key"), e.get("device"), e.get("kernel"))] = other
+    return found
+
+
+def verdict_summary(index: dict) -> dict:
+    """How many of an index's kernels each winner has, and by which timing the deciding verdicts were
+    measured: {"ours": n, "cublas": n, "unknown": n, "timing": {timing: n}} (no verdict counts as unknown)."""
+    out = {w: 0 for w in verdicts.WINNERS}
+    timing: dict[str, int] = {}
+    for e in index.get("kernels", []):
+        v = e.get("verdict") if isinstance(e.get("verdict"), dict) else None
+        out[v.get("winner", "unknown") if v else "unknown"] += 1
+        if v:
+            timing[v.get("timing", "?")] = timing.get(v.get("timing", "?"), 0) + 1
+    return {**out, "timing": timing}
 
 
 class Bundle:
@@ -132,7 +181,38 @@ class Bundle:
             source = (self.root / entry["source"]).read_text()
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             return f"the bundle's files for {problem.key} cannot be read: {e}"
-        return KernelFile(manifest, source, f"bundle {self.root}")
+        return KernelFile(manifest, source, f"bundle {self.root}",
+                          verdicts.Verdict.from_dict(entry.get("verdict"), problem))
+
+    def cublas_won_all(self, in_features: int, out_features: int, dtype: str, bias: bool) -> bool:
+        """Whether the bundle holds GEMMs of this linear layer (any batch, any device) and cuBLAS won
+        every one of them: then a model runs it best as torch's own ``nn.Linear`` (``replace_linear``
+        leaves it)."""
+        mine = [e for e in self.entries if e.get("layer", {}).get("in") == in_features
+                and e.get("layer", {}).get("out") == out_features and e.get("dtype") == dtype
+                and bool(e.get("bias")) == bias]
+        return bool(mine) and all(
+            (v := verdicts.Verdict.from_dict(e.get("verdict"), Problem.from_dict(e["problem"]))) is not None
+            and v.winner == "cublas" for e in mine)
+
+    def entry(self, problem: Problem, device: str) -> dict | None:
+        """The index entry ``find`` takes for ``problem`` on ``device`` (the fastest listed), or None."""
+        here = [e for e in self.index.get("kernels", []) if e["key"] == problem.key and e["device"] == device]
+        return min(here, key=lambda e: e["median_ms"]) if here else None
+
+    def set_verdict(self, problem: Problem, device: str, verdict: verdicts.Verdict) -> None:
+        """Record ``verdict`` (under its timing) for the kernel ``find`` takes for ``problem`` on
+        ``device``; the entry's deciding verdict is chosen again. ``save`` writes the index."""
+        entry = self.entry(problem, device)
+        if entry is None:
+            raise BundleError(f"no kernel for {problem.key} on {device} in the bundle {self.root}")
+        entry.setdefault("verdicts", {})[verdict.timing] = verdict.to_dict()
+        entry["verdict"] = verdicts.deciding(entry["verdicts"])
+
+    def save(self) -> None:
+        """Write the index back (with its verdict summary), atomically."""
+        self.index["verdicts"] = verdict_summary(self.index)
+        _write_index(self.root / INDEX, self.index)
 
 
 #: How many of a problem's fastest stored kernels a lookup looks at, fastest first.
@@ -144,9 +224,9 @@ def pick_stored(store, problem: Problem, rows: list[dict]) -> tuple[dict, str, s
     rows of that problem on one device), or why there is none. The fastest whose stored source fits
     today's launch plan (codegen.export.check_source; one that does not is passed over); but among the
     kernels whose median lies within the fastest's 80th percentile (a tie that one measurement cannot
-    break), one whose plan does not zero its output first. On the H200 (2026-12-04) an atomic split-K
-    forward, 40.9 us alone against 41.3 for the two-pass one of the same tile, took 49.4 us in the train
-    step where the two-pass one took 42 (benchmarks/NOTES.md)."""
+    break), one whose plan does not zero its output first: an atomic split-K forward that ties a two-pass
+    one of the same tile alone ran markedly slower inside the train step, where its zeroing and atomics
+    meet the other GEMMs (benchmarks/NOTES.md, "2026-12-04 (ninth session)")."""
     from codegen.export import ExportError, SourceMismatch, export_kernel
 
     fitting, refused = [], []
@@ -187,7 +267,8 @@ class StoreKernels:
         picked = pick_stored(self.store, problem, here)
         if isinstance(picked, str):
             return picked
-        return KernelFile(json.loads(picked[2]), picked[1], f"store {self.location}")
+        return KernelFile(json.loads(picked[2]), picked[1], f"store {self.location}",
+                          verdicts.from_row(picked[0], problem))
 
 
 class SeedKernels:
@@ -197,10 +278,11 @@ class SeedKernels:
     For benchmarks and tests that have no store or bundle; not a substitute for tuning."""
 
     DEFAULT = {"fp32": ("simt",), "tf32": ("tensorcore",), "fp16": ("tensorcore",), "bf16": ("tensorcore",)}
-    #: Where the arch has it, the Hopper family goes first for 16-bit layers of at least this many rows
-    #: (on the H200 its 128-row tiles reach 0.9-1.1x cuBLAS at 4096 rows and more, but only 0.54x at
-    #: 128 rows, where the tensor-core seeds do better). Its backward GEMMs need 16-byte rows (M, N, K
-    #: multiples of 8 as the layout reads them); where they are not, the next family's seed is taken.
+    #: Where the arch has it, the Hopper family goes first for 16-bit layers of at least this many rows:
+    #: its 128-row tiles are near or past cuBLAS on large batches but leave most SMs idle on small ones,
+    #: where the tensor-core seeds do better (benchmarks/results/hopper-NVIDIA_H200-*.json; benchmarks/NOTES.md,
+    #: "2026-12-02: the Hopper probe re-run"). Its backward GEMMs need 16-byte rows (M, N, K multiples of
+    #: 8 as the layout reads them); where they are not, the next family's seed is taken.
     HOPPER_MIN_M = 256
 
     def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:

@@ -7,8 +7,10 @@ bundle (``codegen export --bundle``) or a store, compiled once with NVRTC, loade
 API and launched on torch's current stream; workspace comes from torch's allocator, an output
 that must start at zero is zeroed on the stream, and a kernel's tile counters (a split-K summed by
 its last split) are allocated and zeroed once, when it is loaded. Nothing waits on the host, so a captured CUDA
-graph replays it. A GEMM with no tuned kernel runs torch's own op instead, and the reason is
-logged once per problem and device (logger ``gemmscape.nn``).
+graph replays it. A GEMM with no tuned kernel, or whose kernel's verdict says cuBLAS won
+(codegen.nn.verdict; unless ``ours_everywhere``), runs torch's own op instead, and the reason is
+logged once per problem and device (logger ``gemmscape.nn``); a call whose GEMMs all run torch's op
+is plain ``F.linear``.
 
 Which tensor each kernel argument names, per layout (the kernels' own convention, from their
 manifests' argument names): forward Y=y, X=x, W=weight, B=bias; grad_input DX=dX, DY=dY, W=weight;
@@ -238,31 +240,46 @@ def _current_stream(index: int) -> int:
 
 class Kernels:
     """Where tuned kernels come from (a ``Bundle`` or ``StoreKernels``), the kernels compiled so
-    far, and the fallbacks already reported. ``overlap_backward`` (off by default): a backward pass
-    that runs both dX and dW on tuned kernels launches dW on a side stream of its own, so the two
-    GEMMs share the GPU; off, they run one after the other on torch's current stream. Measured on
-    the H200 at batch 32, in = out = 4096 (benchmarks/results/linear-...T070556Z.json): in CUDA
-    graphs bf16 62.0 µs overlapped against 67.1 serial, but fp32 153.6 against 141.3; eager calls
-    slower overlapped for both (the streams' events cost the host)."""
+    far, and the fallbacks already reported.
 
-    def __init__(self, source, *, overlap_backward: bool = False) -> None:
+    ``ours_everywhere`` (off by default): run a tuned kernel wherever one is found, also where its
+    verdict says cuBLAS won (codegen.nn.verdict); off, such a GEMM runs torch's op, and the reason
+    ("cuBLAS won (ratio r at margin m, timing t)") is logged once and reported by ``fallbacks`` and
+    ``used``. A kernel never compared with cuBLAS (winner unknown: no baseline measured, a bundle from
+    before verdicts, the families' seeds) runs, as it did before verdicts; the first is logged once,
+    and ``unjudged`` lists them all.
+
+    ``overlap_backward`` (off by default): a backward pass that runs both dX and dW on tuned kernels
+    launches dW on a side stream of its own, so the two GEMMs share the GPU; off, they run one after
+    the other on torch's current stream. Which is faster depends on the dtype and on eager calls or
+    CUDA graphs (the streams' events cost the host): benchmarks/results/linear-NVIDIA_H200-*.json,
+    the records with ``ours.backward``."""
+
+    def __init__(self, source, *, overlap_backward: bool = False, ours_everywhere: bool = False) -> None:
         self.source = source
         self.overlap_backward = overlap_backward
+        self.ours_everywhere = ours_everywhere
         self._side: dict[int, torch.cuda.Stream] = {}  # device index -> the backward's side stream
         self._compiled: dict[tuple[Problem, str], _Compiled | str] = {}
         self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = {}  # a call's GEMM -> its kernel (_gemm())
+        self._plans: dict[tuple, bool] = {}  # a call's GEMMs -> whether any runs ours (_runs_ours())
+        self._calls: dict[tuple, bool] = {}  # a layer call's key -> the same (Linear.forward)
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.fallbacks: dict[tuple[str, str], str] = {}  # (problem key, device) -> reason, for inspection
+        self.kept: set[tuple] = set()  # layers replace_linear left to torch (in, out, dtype, bias), said once
+        self.unjudged: dict[tuple[str, str], str] = {}  # (problem key, device) -> why ours runs unjudged
 
     def __deepcopy__(self, memo) -> Kernels:  # a copied model shares the loaded kernels
         return self
 
     def __getstate__(self) -> dict:  # pickled (torch.save of a model): the settings only, kernels load anew
-        return {"source": self.source, "overlap_backward": self.overlap_backward}
+        return {"source": self.source, "overlap_backward": self.overlap_backward,
+                "ours_everywhere": self.ours_everywhere}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["source"], overlap_backward=state.get("overlap_backward", False))
+        self.__init__(state["source"], overlap_backward=state.get("overlap_backward", False),
+                      ours_everywhere=state.get("ours_everywhere", False))
 
     def side_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The stream a backward pass launches dW on, one per device, made once (a captured CUDA
@@ -298,6 +315,13 @@ class Kernels:
         found = self.source.find(problem, name)
         if isinstance(found, str):
             return found
+        if not self.ours_everywhere:
+            verdict = getattr(found, "verdict", None)
+            if verdict is not None and verdict.winner == "cublas":
+                return verdict.reason()
+            if verdict is None or verdict.winner != "ours":
+                self._unjudged(problem, str(device), verdict.note if verdict is not None and verdict.note
+                               else f"{getattr(found, 'origin', 'its source')} holds no verdict")
         try:
             return _Compiled(found, problem, device)
         except _Unusable as e:
@@ -313,6 +337,14 @@ class Kernels:
             return None
         return f"torch: {got}" if isinstance(got, str) else got.manifest["name"]
 
+    def _unjudged(self, problem: Problem, device: str, why: str) -> None:
+        """Ours runs ``problem`` with no verdict against cuBLAS: listed, and the first one logged."""
+        first = not self.unjudged
+        self.unjudged[(problem.key, device)] = why
+        if first:
+            log.warning("gemmscape: %s on %s runs gemmscape's kernel without a verdict against cuBLAS (%s); "
+                        "so does any other such GEMM, said once (Kernels.unjudged lists them)", problem.key, device, why)
+
     def _fallback(self, problem: Problem, device: str, reason: str) -> None:
         key = (problem.key, device)
         if key not in self._said:
@@ -321,26 +353,30 @@ class Kernels:
             log.warning("gemmscape: %s on %s runs torch's op instead: %s", problem.key, device, reason)
 
 
-def kernels_from(source) -> Kernels:
+def kernels_from(source, *, ours_everywhere: bool | None = None) -> Kernels:
     """A ``Kernels`` from a bundle folder (or its index.json), a ``Bundle``, a store, a store URL
     (``sqlite:///...``), a ``SeedKernels`` (untuned built-in seeds), anything with that ``find``,
-    or a ``Kernels`` (returned as is)."""
+    or a ``Kernels`` (returned as is, unless ``ours_everywhere`` is given and differs from its own:
+    then a new one over the same source). ``ours_everywhere`` (default False): see ``Kernels``."""
     if isinstance(source, Kernels):
-        return source
+        if ours_everywhere is None or bool(ours_everywhere) == source.ours_everywhere:
+            return source
+        return Kernels(source.source, overlap_backward=source.overlap_backward, ours_everywhere=bool(ours_everywhere))
+    everywhere = bool(ours_everywhere)
     if source is None:
-        return Kernels(None)
+        return Kernels(None, ours_everywhere=everywhere)
     if isinstance(source, Bundle | StoreKernels | SeedKernels):
-        return Kernels(source)
+        return Kernels(source, ours_everywhere=everywhere)
     if isinstance(source, str) and "://" in source:
         from store import Store
 
-        return Kernels(StoreKernels(Store(source, read_only=True)))
+        return Kernels(StoreKernels(Store(source, read_only=True)), ours_everywhere=everywhere)
     if isinstance(source, str | Path):
-        return Kernels(Bundle(source))
+        return Kernels(Bundle(source), ours_everywhere=everywhere)
     if hasattr(source, "best") and hasattr(source, "kernel_record"):
-        return Kernels(StoreKernels(source))
+        return Kernels(StoreKernels(source), ours_everywhere=everywhere)
     if callable(getattr(source, "find", None)):
-        return Kernels(source)
+        return Kernels(source, ours_everywhere=everywhere)
     raise TypeError(f"kernels come from a bundle folder, a Bundle, a store or a store URL, not {type(source).__name__}")
 
 
@@ -391,6 +427,21 @@ def _gemm(kernels: Kernels, layout: Layout, batch: int, in_features: int, out_fe
             compiled = kernels.kernel(problems[layout], device)
             got = (problems[layout], compiled) if compiled is not None else None
         kernels._gemms[key] = got
+    return got
+
+
+def _runs_ours(kernels: Kernels, batch: int, in_features: int, out_features: int, dtype: torch.dtype,
+               weight_dtype: torch.dtype, device: torch.device, bias: bool, grad: bool) -> bool:
+    """Whether a call runs any GEMM on ours: the forward's, and with ``grad`` the backward's too
+    (each resolved by ``_gemm``, so fallbacks are reported as always). False: the layer calls
+    F.linear itself, as nn.Linear does. Resolved once per call shape, then read from a dict."""
+    key = (grad, batch, in_features, out_features, dtype, weight_dtype, bias, device)
+    got = kernels._plans.get(key)
+    if got is None:
+        layouts = (Layout.forward, Layout.grad_input, Layout.grad_weight) if grad else (Layout.forward,)
+        got = any([_gemm(kernels, layout, batch, in_features, out_features, dtype, weight_dtype, device, bias)
+                   is not None for layout in layouts])  # a list: every GEMM resolved, each fallback said
+        kernels._plans[key] = got
     return got
 
 
@@ -465,9 +516,8 @@ class _LinearFunction(torch.autograd.Function):
             else None
         held = None
         # On one stream dX goes first, right after the forward: after dW its kernel shared DRAM with
-        # the write-back of dW's output (batch 32, 4096x4096 fp32 on the H200, profiled: dX 47.8 us
-        # after dW against 41.7 us alone; the graph-replayed train step 140.0 us against 143.3;
-        # benchmarks/NOTES.md, seventh and eighth sessions).
+        # the write-back of dW's output and ran slower than alone, and so did the step (profiled:
+        # benchmarks/NOTES.md, "2026-12-02 (seventh session)" and the eighth session's device notes).
         if need_x and side is None:
             grad_x = linear_grad_input(kernels, grad_y, weight)
         if need_dw:
@@ -482,30 +532,45 @@ class _LinearFunction(torch.autograd.Function):
 
 class Linear(nn.Linear):
     """``nn.Linear`` on gemmscape's tuned kernels (``kernels``: a bundle folder, a store, a store
-    URL or a ``Kernels``). Same parameters, state dict and initialisation as ``nn.Linear``."""
+    URL or a ``Kernels``; ``ours_everywhere``: see ``Kernels``). Same parameters, state dict and
+    initialisation as ``nn.Linear``. A call none of whose GEMMs runs ours (cuBLAS won, or no kernel)
+    is ``F.linear`` itself, with no autograd Function of ours: it runs exactly as nn.Linear does."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
-                 kernels=None) -> None:
+                 kernels=None, ours_everywhere: bool | None = None) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.kernels = kernels_from(kernels)
+        self.kernels = kernels_from(kernels, ours_everywhere=ours_everywhere)
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear, kernels) -> Linear:
+    def from_linear(cls, layer: nn.Linear, kernels, *, ours_everywhere: bool | None = None) -> Linear:
         """A gemmscape Linear sharing ``layer``'s parameters (an optimizer holding them still works)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = layer.in_features, layer.out_features
         new.weight = layer.weight
         new.bias = layer.bias
-        new.kernels = kernels_from(kernels)
+        new.kernels = kernels_from(kernels, ours_everywhere=ours_everywhere)
         new.train(layer.training)
         return new
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         x, weight, bias = input, self.weight, self.bias
-        kind = input.device.type
-        if torch.is_autocast_enabled(kind):  # autocast: our GEMMs in the autocast dtype, then autocast off
-            dtype = torch.get_autocast_dtype(kind)
+        kind = "cuda" if x.is_cuda else x.device.type
+        autocast = torch.is_autocast_enabled(kind)
+        dtype = torch.get_autocast_dtype(kind) if autocast else x.dtype
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                            or (bias is not None and bias.requires_grad))
+        # Whether this call runs any GEMM on ours, read from a dict keyed by what decides it (cheap: the
+        # all-torch path below must cost what nn.Linear's call costs), resolved once per key.
+        key = (x.shape, dtype, weight.shape, weight.dtype, x.get_device(), autocast, grad, bias is None)
+        ours = self.kernels._calls.get(key)
+        if ours is None:
+            ours = self.kernels._calls[key] = x.dim() > 0 and x.shape[-1] == self.in_features and _runs_ours(
+                self.kernels, x.numel() // self.in_features, self.in_features, self.out_features, dtype,
+                dtype if autocast else weight.dtype, x.device, bias is not None, grad)
+        if not ours:
+            return F.linear(x, weight, bias)  # all on torch: nn.Linear's own call (autocast and all)
+        if autocast:  # our GEMMs in the autocast dtype, then autocast off
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
             with torch.autocast(kind, enabled=False):
@@ -527,16 +592,36 @@ class Linear(nn.Linear):
         return f"{super().extra_repr()}, kernels={where}"
 
 
-def replace_linear(model: nn.Module, kernels) -> nn.Module:
+def replace_linear(model: nn.Module, kernels, *, ours_everywhere: bool | None = None) -> nn.Module:
     """Swap every ``nn.Linear`` in ``model`` (in place) for a gemmscape ``Linear`` sharing its
-    parameters, all with one ``Kernels`` from ``kernels`` (see ``kernels_from``). Returns ``model``;
-    a model that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
-    shared = kernels_from(kernels)
+    parameters, all with one ``Kernels`` from ``kernels`` (see ``kernels_from``; ``ours_everywhere``:
+    see ``Kernels``). A layer for which a bundle holds GEMMs and cuBLAS won every one of them stays
+    torch's ``nn.Linear`` (said once in the log), unless ``ours_everywhere``. Returns ``model``; a model
+    that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
+    shared = kernels_from(kernels, ours_everywhere=ours_everywhere)
     if isinstance(model, nn.Linear) and not isinstance(model, Linear):
         return Linear.from_linear(model, shared)
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear) and not isinstance(child, Linear):
-            setattr(model, name, Linear.from_linear(child, shared))
+            if not _cublas_won_all(shared, child):
+                setattr(model, name, Linear.from_linear(child, shared))
         else:
             replace_linear(child, shared)
     return model
+
+
+def _cublas_won_all(kernels: Kernels, layer: nn.Linear) -> bool:
+    """Whether ``layer`` is best left to torch: the bundle says cuBLAS won each of its GEMMs."""
+    source = kernels.source
+    dtype = DTYPES.get(layer.weight.dtype)
+    if kernels.ours_everywhere or not isinstance(source, Bundle) or dtype is None:
+        return False
+    bias = layer.bias is not None
+    if not source.cublas_won_all(layer.in_features, layer.out_features, dtype.value, bias):
+        return False
+    said = (layer.in_features, layer.out_features, dtype.value, bias)
+    if said not in kernels.kept:
+        kernels.kept.add(said)
+        log.warning("gemmscape: nn.Linear(%d, %d, %s%s) stays torch's: cuBLAS won every GEMM %s holds for it",
+                    layer.in_features, layer.out_features, dtype.value, ", bias" if bias else "", source.location)
+    return True

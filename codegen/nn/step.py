@@ -2,16 +2,18 @@
 
 A store ranks each GEMM's kernels by their time alone, after an L2 flush, and codegen.nn runs the
 fastest (codegen.nn.bundle.pick_stored). Inside a train step, after the GEMM before it, a kernel can run
-slower than alone, and by different amounts: on the H200 (2026-12-04, batch 32, 4096 x 4096 fp32) a
-grad_input kernel of 40.4 µs alone made the step 133.2 µs and one of 41.6 alone 130.4; a forward of
-40.9 alone made it 144.7 and one of 43.1 alone 133.3 (benchmarks/NOTES.md). So this picks by the step:
+slower than alone, and by different amounts, so the order of two kernels alone need not be their order
+in the step (benchmarks/NOTES.md, "2026-12-04 (tenth session)"; benchmarks/results/step-pick-*.json).
+So this picks by the step:
 starting from the store's own choice, for forward, grad_input and grad_weight in turn, each of the
 GEMM's fastest stored kernels whose source fits today's plan (up to ``candidates``) replaces the
 current one; the step (forward, then ``torch.autograd.grad`` for dX, dW and db) is captured in a CUDA
 graph, replayed once into NaN-poisoned outputs that are checked against float64, and replayed
 ``reps`` times after an L2 flush; the lowest median stays. Then the store's choice and the step's
 are timed side by side in alternating rounds. The result goes into a bundle (codegen.nn.bundle) that
-codegen.nn loads.
+codegen.nn loads. ``judge`` (``pick-step --verdict-step``) then judges each picked GEMM against torch's
+op inside the same step (codegen.nn.verdict, timing ``train_step``): the step with that GEMM on ours
+against the step with it on torch's op, the other two unchanged, in alternating rounds.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class Step:
         key = tuple(sorted((k, f.manifest["name"]) for k, f in files.items()))
         if key in self.graphs:
             return self.graphs[key]
-        kernels = Kernels(Pinned(files))
+        kernels = Kernels(Pinned(files), ours_everywhere=True)  # the pinned kernels run, whatever any verdict
         layer = Linear.from_linear(self.base, kernels)
 
         def run():
@@ -168,7 +170,7 @@ class Step:
 
 def pick(store, step: Step, device: str, limit: int, reps: int, rounds: int = 5, progress=print) -> dict:
     """The kernels of ``step``'s three GEMMs chosen by the step's time (module docstring): a dict with
-    ``chosen`` and ``store_pick`` (layout -> trial row), every ``trial`` timed, and ``final`` (the two
+    ``chosen`` and ``store_pick`` (layout -> trial row), ``files`` (layout -> the chosen KernelFile), every ``trial`` timed, and ``final`` (the two
     choices' medians and ranges over ``rounds`` alternating rounds of ``reps`` replays). Raises
     ValueError where a GEMM has no stored kernel that fits, or the store's own choice cannot run."""
     from codegen.nn.bundle import pick_stored
@@ -217,8 +219,38 @@ def pick(store, step: Step, device: str, limit: int, reps: int, rounds: int = 5,
             final[label] += step.times(files(ch), reps)[0]
     return {
         "chosen": {lay: pool[lay][i][0] for lay, i in choice.items()},
+        "files": {lay: pool[lay][i][1] for lay, i in choice.items()},
         "store_pick": {lay: pool[lay][i][0] for lay, i in start.items()},
         "trials": trials,
         "final": {label: {"median_us": statistics.median(t), "min_us": min(t), "max_us": max(t), "replays": len(t)}
                   for label, t in final.items()},
     }
+
+
+def judge(step: Step, chosen: dict, reps: int, rounds: int = 5, margin: float | None = None) -> dict:
+    """Each GEMM of ``step`` judged against torch's op inside the train step: ``chosen`` maps each layout
+    to its KernelFile; per layout the step with all of ``chosen`` and the step with that GEMM on torch's
+    op (its kernel left out: codegen.nn falls back) are timed in ``rounds`` alternating rounds of
+    ``reps`` replays, and their medians judged (codegen.nn.verdict.judge, timing ``train_step``; the
+    ratio is of the whole step's times, so the margin is on the noise of the step). Returns layout ->
+    (verdict or None, status)."""
+    from codegen.nn import verdict as verdicts
+
+    files = {step.problems[lay].key: f for lay, f in chosen.items()}
+    out = {}
+    for lay, problem in step.problems.items():
+        without = {k: f for k, f in files.items() if k != problem.key}
+        times: dict[str, list[float]] = {"ours": [], "torch": []}
+        status = "ok"
+        for _ in range(rounds):
+            for label, pinned in (("torch", without), ("ours", files)):
+                got, why = step.times(pinned, max(1, reps // rounds))
+                if not got:
+                    status = f"{label}: {why}"
+                times[label] += got
+        if status != "ok" or not times["ours"] or not times["torch"]:
+            out[lay] = (None, status)
+            continue
+        out[lay] = (verdicts.judge(statistics.median(times["ours"]) * 1e-3, statistics.median(times["torch"]) * 1e-3,
+                                   "train_step", problem, margin=verdicts.MARGIN if margin is None else margin), "ok")
+    return out

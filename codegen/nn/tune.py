@@ -1,19 +1,18 @@
 """Tuning whole layers and models: the three GEMMs of each linear layer, each searched once per family.
 
-``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), ``generated`` says
-whether a family generates a problem at all (e.g. not Hopper's backward GEMMs of rows that break
-TMA's 16-byte rule, nor any Hopper kernel off sm_90), and
-``tune`` runs the search (search.runner.run_search, as ``codegen search`` calls it) for each, in
-each family asked for (by default ``DEFAULT_FAMILIES`` of the problem's dtype; the store keeps every
-family's results, and a bundle or codegen.nn takes the fastest), with one progress bar over all
-trials. Finding a model's layers needs torch (``linear_layers``).
+``layer_problems`` lists the GEMMs of a set of layers (identical shapes once), and ``tune`` runs
+the search (search.runner.run_search, as ``codegen search`` calls it) for each, in each family asked
+for, else in every family that fits the problem (``families_for``: search.fit's rule, the one
+``codegen search`` uses), skipping with its reason a family that generates no kernel for it (e.g.
+Hopper's backward GEMMs of rows that break TMA's 16-byte rule, or any Hopper kernel off sm_90:
+search.fit.generated). The store keeps every family's results, and a bundle or codegen.nn takes the
+fastest; one progress bar counts all trials. Finding a model's layers needs torch
+(``linear_layers``).
 """
 
 from __future__ import annotations
 
-import collections
 import importlib.util
-import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,16 +20,7 @@ from pathlib import Path
 
 from codegen.problem import DType, Layout, Problem, linear_problems
 
-__all__ = ["DEFAULT_FAMILIES", "LayerShape", "TuneResult", "generated", "layer_problems", "linear_layers", "load_model",
-           "tune"]
-
-#: The families a layer's GEMMs are tuned in when none is named, per dtype: 16-bit layers in both
-#: tensor-core families (on the H200 the Hopper family wins at 256 rows and more and in the batch-32
-#: weight gradient, the mma.sync family in the batch-32 forward and input gradient; a GPU without
-#: sm_90 skips Hopper with its reason).
-DEFAULT_FAMILIES = {DType.fp32: ("simt",), DType.tf32: ("tensorcore",), DType.fp16: ("tensorcore", "hopper"),
-                    DType.bf16: ("tensorcore", "hopper")}
-
+__all__ = ["LayerShape", "TuneResult", "families_for", "layer_problems", "linear_layers", "load_model", "tune"]
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -69,29 +59,6 @@ def layer_problems(shapes: dict[LayerShape, list[str]]) -> dict[Problem, list[st
     return out
 
 
-def generated(problem: Problem, space, limits=None, samples: int = 400, seed: int = 0) -> str | None:
-    """None when ``space``'s family has a valid kernel for ``problem`` (one of its seeds, or one of
-    ``samples`` random points); else the reason its kernels give most often."""
-    from search.space import seeds
-
-    rng = random.Random(seed)
-    reasons: collections.Counter = collections.Counter()
-    points = [dict(p) for p in seeds(space.family, problem.block)]
-    points += [{k: rng.choice(v) for k, v in space.dims.items()} for _ in range(samples)]
-    for point in points:
-        try:
-            spec = space.spec(point, problem)
-        except (KeyError, ValueError, TypeError):
-            continue
-        why = spec.check(problem, limits) if limits is not None else spec.check(problem)
-        if not why:
-            return None
-        reasons.update(why)
-    if not reasons:
-        return f"no point of the {space.family} space maps onto a kernel for {problem.key}"
-    return reasons.most_common(1)[0][0]
-
-
 class _Counting:
     """A measurer that also advances one shared progress bar per measured kernel."""
 
@@ -110,12 +77,34 @@ class _Counting:
         return done
 
 
+def families_for(problem: Problem) -> tuple[str, ...]:
+    """The families a GEMM is tuned in when none is named: those a search without ``--family``
+    takes (search.fit.fitting, on sm_90's limits; the measurer's GPU is checked again before each
+    search), fastest first; where none fits, the first that computes its dtype, to be skipped with
+    its reason."""
+    from search.fit import chosen, default_family, fitting
+
+    found = tuple(f.family for f in chosen(fitting(problem, None)))
+    return found or (default_family(problem, None),)
+
+
+def _measurer_for(problem: Problem, current, make_measurer: Callable[[Problem], object]):
+    """A measurer for ``problem``: the current one switched to it where it can be (one GPU worker for
+    all of a tuning's searches), else a new one (the current closed)."""
+    if current is not None and callable(getattr(current, "switch", None)):
+        current.switch(problem)
+        return current
+    if current is not None:
+        current.close()
+    return make_measurer(problem)
+
+
 def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[Problem], object], *,
          budget: int, store=None, sampler: str = "tpe", seed: int = 0, restricted: bool = False,
          progress: bool = True, say: Callable[[str], None] = print, seeds_for=None, command: str = "",
          versions: dict | None = None, space=None) -> list[TuneResult]:
     """Search each problem once per family (``families``: a name, several, or None for
-    ``DEFAULT_FAMILIES`` of each problem's dtype; ``budget`` evaluated trials each), skipping with one
+    every family that fits each problem, ``families_for``; ``budget`` evaluated trials each), skipping with one
     line each a problem a family does not generate, also on the measurer's device (the Hopper family
     off sm_90). ``make_measurer(problem)`` gives the measurer (closed here); ``space`` the space
     searched (a replay's; default: each family's, full or restricted); ``seeds_for(problem, space,
@@ -124,6 +113,7 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
     from tqdm import tqdm
 
     from search import GPU_LOOKAHEAD
+    from search.fit import generated
     from search.runner import run_search
     from search.space import space_for
 
@@ -132,7 +122,7 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
     todo = []
     for problem, layers in problems.items():
         asked = (space.family,) if space is not None else (families,) if isinstance(families, str) else \
-            tuple(families) if families else DEFAULT_FAMILIES[problem.dtype]
+            tuple(families) if families else families_for(problem)
         for family in asked:
             space_here = space if space is not None else space_for(family, problem.dtype, restricted,
                                                                      block=problem.block, layout=problem.layout)
@@ -144,11 +134,12 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
                 todo.append((problem, layers, family, space_here))
     bar = tqdm(total=budget * len(todo), desc=f"tuning {len(todo)} search{'es' if len(todo) != 1 else ''}",
                unit="trial", disable=not progress or not todo, dynamic_ncols=True, file=sys.stderr)
+    measurer = None
     try:
         for problem, layers, family, space_here in todo:
             bar.set_postfix_str(f"{problem.key} {family}", refresh=True)
             start = bar.n
-            measurer = make_measurer(problem)
+            measurer = _measurer_for(problem, measurer, make_measurer)
             try:
                 limits = getattr(measurer, "limits", None)
                 why = generated(problem, space_here, limits) if limits is not None and space is None else None
@@ -167,14 +158,18 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
                 summary = run_search(problem, space_here, _Counting(measurer, bar), sampler=sampler, seed=seed,
                                      budget=budget, space_name=space_name, store=store, lookahead=GPU_LOOKAHEAD,
                                      progress=False, command=command, versions=versions or {}, seeds=points)
-            finally:
+            except BaseException:
                 measurer.close()
+                measurer = None
+                raise
             bar.update(max(0, start + budget - bar.n))  # a search that stopped early (or resumed) fills its share
             results.append(TuneResult(problem, layers, summary=summary, family=family))
             best = summary.best
             bar.write(f"{problem.key} ({family}): " + (f"best {best['kernel']} {best['tflops']:.2f} TFLOP/s" if best
                                                        else f"no ok kernel ({summary.stopped})"), file=sys.stderr)
     finally:
+        if measurer is not None:
+            measurer.close()
         bar.close()
     order = {p: i for i, p in enumerate(problems)}
     return sorted(results, key=lambda r: order[r.problem])  # stable: family order within a problem
@@ -240,3 +235,4 @@ def linear_layers(model, batch: int, dtype: DType | None = None) -> dict[LayerSh
         shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None)
         shapes.setdefault(shape, []).append(name or "(model)")
     return shapes
+

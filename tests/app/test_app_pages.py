@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -204,7 +205,9 @@ def test_missing_database_shows_guidance(name: str, tmp_path: Path, monkeypatch:
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT).run()
     at.switch_page(PAGES[name]).run()
     assert not at.exception
-    assert "No gemmscape database" in texts(at) and "codegen search" in texts(at)
+    from store.db import missing_message
+
+    assert missing_message(missing) in texts(at)  # what `codegen results` and `codegen app --db` say, too
     assert not missing.exists(), "the read-only app never creates the database"
 
 
@@ -267,6 +270,10 @@ class TestPagesOnReplayedSearch:
         assert "replayed from a recording" in texts(at)
         assert [b.label.rsplit(".", 1)[1] for b in at.download_button] == ["cu", "json"]  # as the CLI exports it
         assert "today's render, not measured" in texts(at)
+        measured = Store(os.environ["GEMMSCAPE_DB"], read_only=True).kernel_record(STALE.name)["source_hash"]
+        assert (f"the recording {REPLAYED['name']} measured source {measured} (a recording keeps source hashes, not "
+                f"sources); today's templates render other source ({source_hash(render(STALE))}): this export, which "
+                f"was not measured") in texts(at)  # the label of `codegen export`, word for word
 
     def test_kernel_page_says_when_todays_render_is_what_was_measured(self) -> None:
         at = self.kernel_page(MATCHING.name)

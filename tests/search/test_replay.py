@@ -136,7 +136,7 @@ def test_the_default_sampler_finds_the_best_sooner_than_random_sampling_can(reco
     on the restricted / skinny / large recording). The default sampler's median over seeds 0..8
     must be <= ``bound``: a default no better than random fails this with probability >= 95%.
     Measured when written (local, seeds 0..8): 11 / 26 / 34 trials (per seed in the message of a
-    failure; the 10-seed numbers are in README, "Search quality")."""
+    failure; the 10-seed numbers are in docs/measurements.md, "Search")."""
     from benchmarks.search_quality import trials_to
     from search import DEFAULT_SAMPLER
 

@@ -18,13 +18,23 @@ def test_default_url_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.delenv("GEMMSCAPE_DB", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_url() == f"sqlite:///{tmp_path}/.local/share/gemmscape/gemmscape.db"
-    store = Store()  # creates the folder
+    store = Store()  # creates the default store's own folder
     assert (tmp_path / ".local/share/gemmscape/gemmscape.db").exists()
     store.close()
     monkeypatch.setenv("GEMMSCAPE_DB", f"sqlite:///{tmp_path}/elsewhere/x.db")
     assert default_url().endswith("elsewhere/x.db")
+    (tmp_path / "elsewhere").mkdir()
     with Store() as s:
-        assert s.url.endswith("elsewhere/x.db") and (tmp_path / "elsewhere").is_dir()
+        assert s.url.endswith("elsewhere/x.db") and (tmp_path / "elsewhere" / "x.db").exists()
+
+
+def test_a_named_store_in_a_missing_folder_is_refused_and_nothing_is_created(tmp_path: Path) -> None:
+    """Only the default store's folder is created; a folder a user names (a typo, a path meant for
+    another machine) must exist: StoreError saying so, and no folder, file or lock appears."""
+    for url in (f"sqlite:///{tmp_path}/no/such/dir/x.db", f"sqlite:///{tmp_path}/no/x.db"):
+        with pytest.raises(StoreError, match=r"does not exist: create it first \(mkdir -p "):
+            Store(url)
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
