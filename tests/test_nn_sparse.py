@@ -272,3 +272,33 @@ def test_compiled_kernels_point_each_bsr_argument_at_its_tensor(monkeypatch):
                 if want:
                     assert role == want and step.args[i].value == tensors[want].data_ptr(), (names[i], role)
         assert {"RP", "CI"} <= compiled.arg_names
+
+
+def test_a_kernel_cublas_beat_is_left_to_torch_unless_ours_everywhere(monkeypatch):
+    """The layer's kernels follow codegen.nn's verdicts: cuBLAS won, torch runs (said once); no verdict,
+    ours runs and is listed as unjudged; ours_everywhere runs ours regardless."""
+    from types import SimpleNamespace
+
+    from codegen.nn.layer import Kernels
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(nn_sparse, "_SparseCompiled", lambda found, problem, device: ("compiled", found.manifest))
+    lay = layer(out=130, fin=100, block=32)
+    problem = lay.problem(Layout.forward, 8, "fp32")
+    cuda = torch.device("cuda", 0)
+
+    def source(winner):
+        verdict = None if winner is None else SimpleNamespace(
+            winner=winner, note="", reason=lambda: "torch: cuBLAS won (ratio 0.8 at margin 0.02, timing cold_single)")
+        return SimpleNamespace(find=lambda p, device: SimpleNamespace(manifest={"name": "k"}, origin="a bundle",
+                                                                      verdict=verdict))
+
+    kernels = Kernels(source("cublas"))
+    assert nn_sparse.sparse_kernels(kernels).kernel(problem, cuda) is None
+    assert "cuBLAS won" in kernels.fallbacks[(problem.key, str(cuda))]
+    everywhere = Kernels(source("cublas"), ours_everywhere=True)
+    assert nn_sparse.sparse_kernels(everywhere).kernel(problem, cuda)[0] == "compiled"
+    unjudged = Kernels(source(None))
+    assert nn_sparse.sparse_kernels(unjudged).kernel(problem, cuda)[0] == "compiled"
+    assert unjudged.unjudged == {(problem.key, str(cuda)): "a bundle holds no verdict"}
+    assert nn_sparse.sparse_kernels(Kernels(source("ours"))).kernel(problem, cuda)[0] == "compiled"

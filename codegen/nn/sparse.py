@@ -8,7 +8,8 @@ loaded). Its three GEMMs run gemmscape's block-sparse kernels: the forward Y = X
 (read as Wᵀ in BSR, whose blocks are the kept ones permuted and transposed on the fly) and dW = dYᵀ·X
 sampled at the kept blocks, so the blocks that are not kept get no gradient and stay zero by
 construction; db = Σ dY comes from the kernel where it writes it, else from torch. A GEMM with no
-kernel (no tuned one for the problem, a CPU tensor, another dtype) runs torch instead, computing the
+kernel (no tuned one for the problem, a CPU tensor, another dtype, a kernel whose verdict says dense
+cuBLAS won, unless the ``Kernels`` run ours everywhere) runs torch instead, computing the
 same thing from the blocks (a dense W scattered from them, dW gathered at them), and the reason is
 logged once per problem and device (logger ``gemmscape.nn``). Nothing waits on the host, so a
 captured CUDA graph replays it (call the layer once before capturing: kernels compile on first use).
@@ -101,6 +102,13 @@ class _SparseKernels:
         found = source.find(problem, torch.cuda.get_device_name(device))
         if isinstance(found, str):
             return found
+        if not getattr(self.kernels, "ours_everywhere", False):  # never slower than cuBLAS, by choice
+            verdict = getattr(found, "verdict", None)
+            if verdict is not None and verdict.winner == "cublas":
+                return verdict.reason()
+            if verdict is None or verdict.winner != "ours":
+                self._unjudged(problem, str(device), verdict.note if verdict is not None and verdict.note
+                               else f"{getattr(found, 'origin', 'its source')} holds no verdict")
         try:
             return _SparseCompiled(found, problem, device)
         except _Unusable as e:
@@ -108,6 +116,19 @@ class _SparseKernels:
         except Exception as e:  # a kernel that does not build or load here: say so, run torch instead
             return (f"{found.manifest.get('name')} from {found.origin} cannot be built or loaded here: "
                     f"{type(e).__name__}: {e}")
+
+
+    def _unjudged(self, problem: Problem, device: str, why: str) -> None:
+        """Ours runs ``problem`` with no verdict against cuBLAS: listed in the ``Kernels``' ``unjudged``
+        (as codegen.nn.Linear's are), the first one logged."""
+        unjudged = getattr(self.kernels, "unjudged", None)
+        if unjudged is None:
+            return
+        first = not unjudged
+        unjudged[(problem.key, device)] = why
+        if first:
+            log.warning("gemmscape: %s on %s runs gemmscape's kernel without a verdict against cuBLAS (%s); so does "
+                        "any other such GEMM, said once (Kernels.unjudged lists them)", problem.key, device, why)
 
 
 _SOURCES: weakref.WeakKeyDictionary[Kernels, _SparseKernels] = weakref.WeakKeyDictionary()
