@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--kernels", default="seeds", help="seeds, a bundle folder, a store URL, or none (torch)")
     args = p.parse_args(argv)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    torch.manual_seed(0)
     x = torch.randn(1024, SIZES[0], device=device, dtype=dtype)
     with torch.no_grad():
         target = mlp(1, device, dtype)(x).float()

@@ -179,7 +179,8 @@ def test_fine_tuning_under_the_pattern_lowers_the_loss_on_the_kernels():
     spec = importlib.util.spec_from_file_location("finetune_pruned", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    report = example.main(["--device", "cuda", "--steps", "60", "--kernels", "seeds"])
+    # blocks of 32: the built-in seeds hold an fp32 dW kernel for them (for blocks of 16 it runs on torch)
+    report = example.main(["--device", "cuda", "--steps", "60", "--block", "32", "--kernels", "seeds"])
     assert report["pattern_kept"] and report["kept_blocks_learned"]
     assert report["final_loss"] < 0.8 * report["pruned_loss"], report
     assert report["kernels_ran"] >= 9  # three GEMMs of each of the three pruned layers
