@@ -32,7 +32,10 @@ def _ratio(base: float | None, ours: float | None) -> float | None:
 
 
 def shape_of(row: dict[str, Any]) -> str:
-    return f"{row['m']}x{row['n']}x{row['k']}" + (" +bias" if row.get("bias") else "")
+    """The problem's shape, and its layout where it is a backward GEMM (whose M, N, K mean other sides)."""
+    layout = getattr(row.get("layout"), "value", row.get("layout")) or "forward"
+    return (f"{row['m']}x{row['n']}x{row['k']}" + (" +bias" if row.get("bias") else "")
+            + (f" {layout}" if layout != "forward" else ""))
 
 
 def sparse_points(best_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

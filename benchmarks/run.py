@@ -182,7 +182,7 @@ SUITES["tensorcore"] = [
 def seed_candidates(family: str, problem: Problem) -> list[dict]:
     """The family's built-in seeds (sparse ones for a block-sparse W) as candidates for ``problem``,
     mapped by its space (e.g. hopper's pack prepass where K breaks 16-byte rows)."""
-    return [to_spec(family, point, problem).to_dict() for point in seeds(family, problem.block)]
+    return [to_spec(family, point, problem).to_dict() for point in seeds(family, problem.block, problem.layout)]
 
 
 #: The large layers of the tensor-core suite on the Hopper family (wgmma + TMA, sm_90 only).

@@ -34,9 +34,12 @@ def to_float64(x: np.ndarray, dtype: DType) -> np.ndarray:
 def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The dense input arrays of the problem's layout and their shapes, in the problem's M, N, K
     (codegen.problem.Layout): forward X[M,K], W[N,K] (+ B[N]); grad_input dY[M,K], W[K,N] (a
-    block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI); grad_weight dY[K,M], X[K,N].
+    block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI); grad_weight dY[K,M], X[K,N]
+    (with a block-sparse W, also its RP and CI: dW is sampled at its kept blocks).
     A block-sparse forward W is the codegen.sparse blocks (``random_inputs``)."""
     m, n, k = problem.m, problem.n, problem.k
+    if problem.layout is Layout.grad_weight and problem.sparse:
+        return {"DY": (k, m), "X": (k, n), "RP": (-(-m // problem.block) + 1,), "CI": (problem.nnzb,)}
     if problem.layout is Layout.grad_input and problem.sparse:  # Wᵀ's kept blocks in BSR, with its index arrays
         from codegen import sparse
 
@@ -51,8 +54,11 @@ def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
 
 def output_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The output arrays of the problem's layout, the GEMM's own first: Y[M,N], dX[M,N], or dW[M,N]
-    with db[M] = Σ_batch dY when the layer has a bias."""
+    with db[M] = Σ_batch dY when the layer has a bias; a weight gradient sampled at a block-sparse W
+    is its BSR values dW[nnzb, block, block] (codegen.sparse)."""
     shape = (problem.m, problem.n)
+    if problem.layout is Layout.grad_weight and problem.sparse:
+        shape = (problem.nnzb, problem.block, problem.block)
     if problem.layout is Layout.grad_input:
         return {"DX": shape}
     if problem.layout is Layout.grad_weight:
@@ -74,6 +80,13 @@ def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.nd
         w = pattern.expand(blocks)  # the layer's W [K, N] (out x in), zeros outside the kept blocks
         return {"DY": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
                 "WT": to_storage(pt.gather(np.ascontiguousarray(w.T)), p.dtype), "RP": pt.indptr, "CI": pt.indices}
+    if p.layout is Layout.grad_weight and p.sparse:  # dY and X dense; W's BSR index arrays say where dW goes
+        from codegen import sparse
+
+        pattern = sparse.lookup(p)
+        return {"DY": to_storage(rng.uniform(-1, 1, (p.k, p.m)).astype(np.float32), p.dtype),
+                "X": to_storage(rng.uniform(-1, 1, (p.k, p.n)).astype(np.float32), p.dtype),
+                "RP": pattern.indptr, "CI": pattern.indices}
     if p.layout is not Layout.forward:
         return {name: to_storage(rng.uniform(-1, 1, shape).astype(np.float32), p.dtype)
                 for name, shape in input_shapes(p).items()}
@@ -113,6 +126,10 @@ def references(problem: Problem, inputs: dict[str, np.ndarray]) -> dict[str, np.
     if problem.layout is Layout.grad_input:
         return {"DX": f["DY"] @ to_float64(dense_w(problem, inputs), problem.dtype)}
     out = {"DW": f["DY"].T @ f["X"]}
+    if problem.sparse:  # sampled at the kept blocks: W's BSR values, zero past M and N
+        from codegen import sparse
+
+        out["DW"] = sparse.lookup(problem).gather(out["DW"])
     if problem.bias:
         out["DB"] = f["DY"].sum(axis=0)
     return out

@@ -53,11 +53,12 @@ def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     M or N, in the backward ones); PROBE itself when it takes none."""
 
     def at(m: int, n: int, k: int) -> Problem:
-        if problem.sparse:  # the pattern is of the layer's W: [N, K] forward, [K, N] (out x in) in grad_input
-            shape = (k, n) if problem.layout is Layout.grad_input else (n, k)
-            return sparse.problem_for(m, sparse.probe_pattern(*shape, problem.block), problem.dtype, problem.bias,
-                                      problem.layout)
-        return Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+        dense = Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+        if problem.sparse:  # the pattern is of the layer's W [out, in] (Problem.w_shape); the batch is the rest
+            batch = k if problem.layout is Layout.grad_weight else m
+            return sparse.problem_for(batch, sparse.probe_pattern(*dense.w_shape, problem.block), problem.dtype,
+                                      problem.bias, problem.layout)
+        return dense
 
     probe = at(*PROBE)
     if spec is None or not spec.check(probe):

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from codegen.families import compile_target, family_of, spec_from_dict
-from codegen.launch import ARG_TYPES, BSR_ARGS, BSR_GI_ARGS, TENSOR_MAP_TYPE, LaunchPlan, grid_rule, plan
+from codegen.launch import ARG_TYPES, TENSOR_MAP_TYPE, LaunchPlan, bsr_args, grid_rule, plan
 from codegen.problem import Layout, Problem
 from codegen.render import DTYPE_CUDA, render, source_hash
 from codegen.spec import KernelSpec
@@ -34,7 +34,8 @@ ARGUMENTS = {
                        "a block-sparse W is read as WT, Wᵀ in BSR (see sparse)",
     Layout.grad_weight: "DW[M,N] = DY[K,M]^T * X[K,N], row-major (M out features, N in features, K batch); B is "
                         "null; with bias DB[M] = sum over the K rows of DY is written by the _db kernel, or by the main kernel "
-                        "where its arguments name DB",
+                        "where its arguments name DB; with a block-sparse W, DW is written at its kept blocks only, as "
+                        "its BSR values (see sparse)",
 }
 
 
@@ -99,8 +100,7 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
                              "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
                              "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),
         "problem": problem.to_dict(),
-        **({"sparse": {"format": "BSR", "block": block, "arguments": (
-            BSR_GI_ARGS if problem.layout is Layout.grad_input else BSR_ARGS).format(block=block),
+        **({"sparse": {"format": "BSR", "block": block, "arguments": bsr_args(problem.layout, block),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
         "measured": measured,
     }

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "COUNTER_ARG", "BSR_GI_ARGS", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "ARG_TYPES", "BSR_ARGS", "COUNTER_ARG", "BSR_GI_ARGS", "BSR_GW_ARGS", "bsr_args", "sampled_blocks", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
     "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "launched_grid",
     "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
@@ -64,6 +64,11 @@ BSR_GI_ARGS = ("WT holds the kept blocks of Wᵀ[N,K] (W[K,N] is the layer's wei
                "[nnzb][{block}][{block}] row-major (each of W's kept blocks transposed), 16-byte aligned, blocks past "
                "N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row of Wᵀ; CI[nnzb] (int32) "
                "its block columns kept, ascending in each row")
+#: What a weight gradient sampled at a block-sparse W writes to DW and reads from RP and CI: W [out, in]
+#: = [M, N] is block-sparse on the problem's pattern, and dW is computed at its kept blocks only.
+BSR_GW_ARGS = ("DW receives dW at the kept blocks of W[M,N] only, as W's BSR values [nnzb][{block}][{block}] "
+               "row-major in the order of CI (zeros past M or N; nothing else is written); RP[ceil(M/{block})+1] "
+               "(int32) indexes CI per block row of W; CI[nnzb] (int32) its block columns kept, ascending in each row")
 #: What a block-sparse kernel's W, RP and CI hold, for export manifests.
 BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{block}] row-major, 16-byte aligned, "
             "blocks past N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row; "
@@ -234,6 +239,18 @@ def layout_args(args: tuple[str, ...], layout: Layout, sparse: bool = False) -> 
     slots = ("DX", "DY", "WT") if sparse and layout is Layout.grad_input else LAYOUT_SLOTS[layout]
     rename = dict(zip(LAYOUT_SLOTS[Layout.forward], slots, strict=True))
     return tuple(rename.get(a, a) for a in args)
+
+
+def bsr_args(layout: Layout, block: int) -> str:
+    """What a block-sparse kernel's BSR arguments hold in ``layout`` (BSR_ARGS, BSR_GI_ARGS, BSR_GW_ARGS)."""
+    return {Layout.forward: BSR_ARGS, Layout.grad_input: BSR_GI_ARGS, Layout.grad_weight: BSR_GW_ARGS}[layout].format(
+        block=block)
+
+
+def sampled_blocks(problem: Problem, bm: int, bn: int) -> int:
+    """The grid of a weight gradient sampled at a block-sparse W: one thread block per ``bm x bn``
+    tile of each kept block (at least one block's tiles when none is kept: they return at once)."""
+    return max(1, problem.nnzb) * (problem.block // bm) * (problem.block // bn)
 
 
 def db_launch(spec_name: str, problem: Problem) -> KernelLaunch:

@@ -4,7 +4,9 @@ A linear layer ``Y[M,N] = X[M,K] · W[N,K]ᵀ (+ b[N])``, all row-major (``nn.Li
 its two backward GEMMs. M, N and K always name the GEMM's output rows, output columns and reduction;
 ``linear_problems`` maps a layer's batch, in and out features onto them for each layout.
 W is dense, or block-sparse: ``block`` > 0 names the size of its square blocks, ``density`` the
-fraction kept and ``pattern`` the hash of which ones (codegen.sparse holds the pattern itself).
+fraction kept and ``pattern`` the hash of which ones (codegen.sparse holds the pattern itself). The
+weight gradient of a block-sparse W is sampled at its pattern: dW only at the kept blocks, written
+as the values array of W's BSR form (``codegen.sparse``), since the other blocks stay zero.
 """
 
 from __future__ import annotations
@@ -77,6 +79,22 @@ class Problem:
         return self.block > 0
 
     @property
+    def w_shape(self) -> tuple[int, int]:
+        """The layer's W [out, in] in this GEMM's M, N, K: [N, K] forward, [K, N] in grad_input,
+        [M, N] in grad_weight (codegen.problem.Layout)."""
+        return {Layout.forward: (self.n, self.k), Layout.grad_input: (self.k, self.n),
+                Layout.grad_weight: (self.m, self.n)}[self.layout]
+
+    @property
+    def nnzb(self) -> int:
+        """How many blocks of a block-sparse W are kept: ``round(density x blocks)``, exact for a
+        density that is a pattern's (codegen.sparse.Pattern.density); 0 for a dense W."""
+        if not self.sparse:
+            return 0
+        out, fin = self.w_shape
+        return round(self.density * -(-out // self.block) * -(-fin // self.block))
+
+    @property
     def key(self) -> str:
         """Stable text identity, used by the store and file names."""
         bias = "_bias" if self.bias else ""
@@ -91,10 +109,15 @@ class Problem:
     @property
     def min_bytes(self) -> float:
         """Each input read once (W's kept blocks only, with their 4-byte column indices), the output
-        written once; the bias is b[N] read (forward) or db[M] written (grad_weight)."""
-        w = self.n * self.k * self.density
+        written once; the bias is b[N] read (forward) or db[M] written (grad_weight). A weight
+        gradient sampled at a block-sparse W reads dY and X whole and writes the kept blocks."""
         bias = (self.m if self.layout is Layout.grad_weight else self.n) if self.bias else 0
-        elems = self.m * self.k + w + self.m * self.n + bias
+        if self.sparse and self.layout is Layout.grad_weight:
+            w = self.m * self.n * self.density
+            elems = self.m * self.k + self.n * self.k + w + bias
+        else:
+            w = self.n * self.k * self.density
+            elems = self.m * self.k + w + self.m * self.n + bias
         index = 4 * w / (self.block * self.block) if self.sparse else 0.0
         return float(elems * self.dtype.itemsize + index)
 

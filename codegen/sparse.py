@@ -179,12 +179,13 @@ def lookup(problem_or_hash: Problem | str) -> Pattern:
 
 def problem_for(m: int, pattern: Pattern, dtype: DType | str = DType.fp32, bias: bool = False,
                 layout: Layout | str = Layout.forward) -> Problem:
-    """The problem ``Y = X·Wᵀ (+ b)`` with the layer's W [out, in] block-sparse on ``pattern``
-    (registered here); with ``layout`` grad_input, ``dX = dY·W`` on the same W (N = in, K = out)."""
+    """The ``layout`` GEMM of a layer at batch ``m`` whose W [out, in] is block-sparse on ``pattern``
+    (registered here): forward ``Y = X·Wᵀ (+ b)``; grad_input ``dX = dY·W`` (N = in, K = out);
+    grad_weight ``dW = dYᵀ·X`` sampled at the pattern's kept blocks (M = out, N = in, K = the batch;
+    with ``bias`` also db)."""
     layout = Layout(layout)
-    if layout is Layout.grad_weight:
-        raise ValueError("a block-sparse W is generated for the forward and grad_input layouts, not grad_weight")
-    n, k = (pattern.k, pattern.n) if layout is Layout.grad_input else (pattern.n, pattern.k)
+    m, n, k = {Layout.forward: (m, pattern.n, pattern.k), Layout.grad_input: (m, pattern.k, pattern.n),
+               Layout.grad_weight: (pattern.n, pattern.k, m)}[layout]
     return Problem(m, n, k, DType(dtype), layout, bias=bias, block=pattern.block, density=pattern.density,
                    pattern=register(pattern))
 

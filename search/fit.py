@@ -47,7 +47,7 @@ def generated(problem: Problem, space, limits: DeviceLimits | None = None, sampl
 
     rng = random.Random(seed)
     reasons: collections.Counter = collections.Counter()
-    points = [dict(p) for p in seeds(space.family, problem.block)]
+    points = [dict(p) for p in seeds(space.family, problem.block, problem.layout)]
     points += [{k: rng.choice(v) for k, v in space.dims.items()} for _ in range(samples)]
     for point in points:
         try:

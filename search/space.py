@@ -165,11 +165,14 @@ def point_of(spec: KernelSpec) -> dict:
     return _module(spec.family).point_of(spec)
 
 
-def seeds(family: str, block: int = 0) -> list[dict]:
+def seeds(family: str, block: int = 0, layout: Layout | str = Layout.forward) -> list[dict]:
     """Known-good points of the family's space, tried first by a new search (for a block-sparse W,
-    the family's SPARSE_SEEDS where it has them). The backward layouts start from the forward
-    seeds (no backward kernel has been timed yet); those their rules refuse are left out."""
+    the family's SPARSE_SEEDS where it has them; for the weight gradient sampled at one, its
+    SAMPLED_SEEDS). The backward layouts start from the forward seeds (no backward kernel has been
+    timed yet); those their rules refuse are left out."""
     module = _module(family)
+    if block and Layout(layout) is Layout.grad_weight and hasattr(module, "SAMPLED_SEEDS"):
+        return [dict(p) for p in module.SAMPLED_SEEDS]
     if block and hasattr(module, "sparse_seeds"):  # a family whose sparse seeds depend on the block
         return [dict(p) for p in module.sparse_seeds(block)]
     return [dict(p) for p in (getattr(module, "SPARSE_SEEDS", []) if block else module.SEEDS)]

@@ -144,7 +144,7 @@ def builtin_seeds(problem: Problem, space: Space, limits: DeviceLimits | None = 
     for ``problem``, as Seeds; at most ``k``, none whose kernel is in ``exclude``."""
     out: list[Seed] = []
     taken = set(exclude or ())
-    for raw in seeds(space.family, problem.block):
+    for raw in seeds(space.family, problem.block, problem.layout):
         if k is not None and len(out) >= k:
             break
         try:

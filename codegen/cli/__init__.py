@@ -1,5 +1,5 @@
 """``codegen`` command line: compile, bench, search, sweep, export, tune-linear, pick-step, tune-model,
-results, app.
+prune, results, app.
 
 ``--family NAME`` picks a kernel family; without it every command takes what search.fit's one rule
 says fits the problem on the arch (search, tune-linear and tune-model: every such family, and they
@@ -14,7 +14,7 @@ one line on stderr; ``--debug`` shows the traceback instead, and a bug in gemmsc
 One module per command group adds its subcommands (``register(commands)``, each set to run its own
 ``cmd_*`` function), in the order of ``COMMANDS``, which is the order ``codegen --help`` lists:
 ``kernel`` (compile, bench), ``search`` (search, sweep), ``export`` (export, with ``--bundle``),
-``layer`` (tune-linear, pick-step, tune-model) and ``results`` (results, app). A new command is one
+``layer`` (tune-linear, pick-step, tune-model), ``prune`` (prune) and ``results`` (results, app). A new command is one
 more such module in that list. What they share: ``options`` (argument types, the parser, option
 builders, the problem and kernel variant of a command line) and ``checks`` (places on disk, the
 cache and the store, checked before anything is written).
@@ -27,13 +27,13 @@ import os
 import sys
 
 from codegen import families
-from codegen.cli import export, kernel, layer, results, search
+from codegen.cli import export, kernel, layer, prune, results, search
 from codegen.cli.checks import no_gpu_line, one_line
 from codegen.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, Failure, UsageError
 from codegen.cli.options import DEFAULT_FAMILY, Commands, HelpFormatter, Parser
 
 #: The command modules, in the order ``codegen --help`` lists their commands.
-COMMANDS = (kernel, search, export, layer, results)
+COMMANDS = (kernel, search, export, layer, prune, results)
 
 
 def version() -> str:
@@ -64,11 +64,12 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
 
 def family_asked(argv: list[str] | None) -> str:
     """A first look at the command line for the family whose variant options compile and bench
-    take: ``--family``, else the one the problem's dtype, layout and shape take on the arch
-    (``--arch``, else $GEMMSCAPE_ARCH, else the visible GPU's; search.fit.default_family)."""
+    take: ``--family``, else the one the problem's dtype, layout, shape and W (dense, or block-sparse
+    with ``--block``) take on the arch (``--arch``, else $GEMMSCAPE_ARCH, else the visible GPU's;
+    search.fit.default_family)."""
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--family", "--dtype", "--layout", "--arch", "--m", "--n", "--k"):
+    for flag in ("--family", "--dtype", "--layout", "--arch", "--m", "--n", "--k", "--block"):
         pre.add_argument(flag)
     pre.add_argument("--bias", action="store_true")
     known, _ = pre.parse_known_args(argv)
@@ -83,7 +84,10 @@ def family_asked(argv: list[str] | None) -> str:
 
     try:
         dims = [int(v) if v is not None else 4096 for v in (known.m, known.n, known.k)]
-        problem = Problem(*dims, DType(known.dtype or "fp32"), Layout(known.layout or "forward"), bias=known.bias)
+        # a block-sparse W stands for any pattern of its block: the kernels' rules do not look at which
+        sparse = {"block": int(known.block), "density": 0.5, "pattern": "any"} if known.block else {}
+        problem = Problem(*dims, DType(known.dtype or "fp32"), Layout(known.layout or "forward"), bias=known.bias,
+                          **sparse)
         limits = DeviceLimits.for_arch(known.arch or default_arch())
     except ValueError:  # a bad value: the parser proper says so
         return DEFAULT_FAMILY

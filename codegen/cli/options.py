@@ -64,6 +64,17 @@ def fraction(text: str) -> float:
     return value
 
 
+def kept_fraction(text: str) -> float:
+    """A fraction of blocks kept, in (0, 1]: above 0 (a W of no block is no layer), at most all."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], above 0 and at most 1, got {text}")
+    return value
+
+
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -275,6 +286,9 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
     if block:
         values["block"] = block
         values.setdefault("bn", block)  # a block tile spans one block row unless --bn parts it (tensorcore)
+        if layout is Layout.grad_weight:  # dW sampled at the kept blocks: the family's variant for the block
+            defaults = getattr(families.get(family), "sampled_defaults", lambda _block: {})(block)
+            values.update({k: v for k, v in defaults.items() if getattr(args, k, None) is None})
     try:
         return families.get(family).Spec(**values)
     except ValueError as e:
@@ -313,7 +327,11 @@ def problem_given(args: argparse.Namespace) -> bool:
     if not given and not sparse:
         return False
     if weights:
-        if getattr(args, "m", None) is None:
+        if Layout(getattr(args, "layout", None) or "forward") is Layout.grad_weight:
+            if getattr(args, "k", None) is None:
+                raise UsageError("a grad_weight problem with --weights needs --k, the batch (--m and --n, out and in "
+                                 "features, come from the file)")
+        elif getattr(args, "m", None) is None:
             raise UsageError("a problem with --weights needs --m (--n and --k come from the file)")
         return True
     missing = [f"--{d}" for d in ("m", "n", "k") if f"--{d}" not in given]
@@ -330,9 +348,10 @@ def pattern_from_args(args: argparse.Namespace):
     W (--weights): its non-zero blocks, or with --density its largest blocks."""
     from codegen import sparse
 
-    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input.
-    gi = Layout(getattr(args, "layout", None) or "forward") is Layout.grad_input
-    rows, cols = ("k", "n") if gi else ("n", "k")
+    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input,
+    # [M, N] in grad_weight (Problem.w_shape).
+    layout = Layout(getattr(args, "layout", None) or "forward")
+    rows, cols = {Layout.forward: ("n", "k"), Layout.grad_input: ("k", "n"), Layout.grad_weight: ("m", "n")}[layout]
     if args.weights is None:
         try:
             return sparse.Pattern.random(getattr(args, rows), getattr(args, cols), args.block, args.density,
@@ -347,10 +366,12 @@ def pattern_from_args(args: argparse.Namespace):
     wrong = [f"--{d} {getattr(args, d)}" for d, size in ((rows, n), (cols, k))
              if getattr(args, d, None) is not None and getattr(args, d) != size]
     if wrong:
-        shape = "K x N, out x in, in grad_input" if gi else "N x K"
+        shape = {Layout.forward: "N x K", Layout.grad_input: "K x N, out x in, in grad_input",
+                 Layout.grad_weight: "M x N, out x in, in grad_weight"}[layout]
+        given = f"--{rows} and --{cols}"
         raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
-                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives N and K, so --n and --k "
-                         f"can be left out")
+                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives {rows.upper()} and "
+                         f"{cols.upper()}, so {given} can be left out")
     try:
         if args.density is None:
             return sparse.from_dense(w, args.block)[0]
@@ -367,11 +388,9 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     if getattr(args, "block", None) is not None:
         from codegen.sparse import problem_for
 
-        if layout is Layout.grad_weight:
-            raise UsageError("--block: a block-sparse W is generated for --layout forward and grad_input, "
-                             "not grad_weight")
+        batch = args.k if layout is Layout.grad_weight else args.m  # dW is sampled at the kept blocks
         try:
-            return problem_for(args.m, pattern_from_args(args), DType(args.dtype or DEFAULT_DTYPE), bias=args.bias,
+            return problem_for(batch, pattern_from_args(args), DType(args.dtype or DEFAULT_DTYPE), bias=args.bias,
                                layout=layout)
         except ValueError as e:
             raise UsageError(str(e)) from None

@@ -7,7 +7,8 @@ from the family's ``_NAME`` and ``_MARKS``; ``codegen.spec`` has the rules every
 shares), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, problem)`` and
 ``grid_rule(spec)``; optionally ``headers(spec)`` (toolkit headers the source includes) and
 ``compile_target(arch)`` (the -arch NVRTC gets on a device of ``arch``, e.g. sm_90 -> sm_90a for
-arch-specific instructions). Everything outside the family finds it here and never names its fields.
+arch-specific instructions) and ``sampled_defaults(block)`` (the variant fields a command line leaves
+unset take for the weight gradient of a block-sparse W, where the family generates it). Everything outside the family finds it here and never names its fields.
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 from codegen.launch import (
-    BSR_ARGS,
-    BSR_GI_ARGS,
     COUNTER_ARG,
     DB_COLS,
     DB_ROWS,
@@ -20,11 +18,13 @@ from codegen.launch import (
     SPARSE_ARGS,
     KernelLaunch,
     LaunchPlan,
+    bsr_args,
     db_launch,
     db_rule,
     layout_args,
     reduce_launch,
     reduce_rule,
+    sampled_blocks,
     workspace_bytes,
 )
 from codegen.problem import DType, Layout, Problem
@@ -38,6 +38,7 @@ from codegen.spec import (
     problem_rules,
     reg_rules,
     rows_aligned,
+    sampled_rules,
     smem_rules,
     sparse_rules,
     thread_rules,
@@ -97,6 +98,10 @@ class Spec(SpecData):
     second kernel; the counters are zero before the first launch and stay so). A grad_weight
     kernel with bias and one split sums db from its staged tiles of dY in the blocks of the first
     block column (``fused_db``); otherwise db is a kernel of its own.
+
+    In the weight gradient of a block-sparse W (``sampled``: dW = dYᵀ·X at the kept blocks only)
+    the grid runs over the kept blocks, each block tile an equal part of one (``bm`` and ``bn``
+    divide the block), over the whole batch, and stores into W's BSR values; db is its own kernel.
     """
 
     dtype: DType = DType.fp32
@@ -148,6 +153,11 @@ class Spec(SpecData):
     _TITLE = "SIMT"
 
     # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def sampled(self) -> bool:
+        """The weight gradient of a block-sparse W: dW at its kept blocks only, as its BSR values."""
+        return bool(self.block) and self.layout is Layout.grad_weight
+
     def _async_tile(self, rows: int, outer: bool) -> int:
         """Elements of one async stage of an operand tile: [rows][bk + pad] k-contiguous, or
         [bk][rows + pad] for an operand stored k-outer (cp.async runs along its rows)."""
@@ -210,7 +220,8 @@ class Spec(SpecData):
     def fused_db(self) -> bool:
         """grad_weight's bias gradient is summed by the main kernel (from its staged tiles of dY, in
         the blocks of the first block column) rather than by a kernel of its own: one split, staged."""
-        return self.bias and self.layout is Layout.grad_weight and self.split_k == 1 and self.stages > 0
+        return (self.bias and self.layout is Layout.grad_weight and self.split_k == 1 and self.stages > 0
+                and not self.block)
 
     @property
     def smem_bytes(self) -> int:
@@ -261,8 +272,13 @@ class Spec(SpecData):
             why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why
-        why += layout_rules(self.layout, self.bias, self.block)
-        if self.block:
+        why += layout_rules(self.layout, self.bias, self.block, sampled=True)
+        if self.sampled:
+            why += sampled_rules(self.block, self.bm, self.bn)
+            if self.split_k != 1 or self.group_m != 1:
+                why.append("dW sampled at the kept blocks runs one tile per part of a kept block, in the pattern's "
+                           "order, over the whole batch: split_k and group_m must be 1")
+        elif self.block:
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:
                 why.append("a block-sparse W is staged through shared memory: stages must be >= 1")
@@ -346,6 +362,11 @@ def template_values(spec: Spec) -> dict:
         frag_at_t=LOAD_TYPE[spec.rm * size], frag_wt_t=LOAD_TYPE[spec.rn * size],  # k-outer rows, one k
         cp_bytes=spec.vec * size, cp_cache="cg" if spec.vec * size == 16 else "ca",
         subs=spec.block // spec.bk if spec.block else 0,
+        # W's blocks read in BSR (forward, grad_input); or dW sampled at them, each kept block's tiles,
+        # PARTS_N of them along n
+        bsr=bool(spec.block) and not spec.sampled, sampled=spec.sampled,
+        parts_n=spec.block // spec.bn if spec.sampled else 0,
+        tiles=(spec.block // spec.bm) * (spec.block // spec.bn) if spec.sampled else 0,
         # the backward layouts: an operand stored k-outer is loaded in VEC-wide runs along its rows,
         # `runs` to a k row of the tile; the bias is db (a kernel of its own), never added to dW
         a_t=spec.a_t, w_t=spec.w_t, a_runs=spec.bm // spec.vec, w_runs=spec.bn // spec.vec,
@@ -373,10 +394,19 @@ def template_values(spec: Spec) -> dict:
     return values
 
 
+def sampled_defaults(block: int) -> dict:
+    """The variant of dW sampled at a block-sparse W's kept blocks that options left unset take: a
+    tile per block, one warp per 32 x 64 of it (blocks of 64) or the whole block in one warp."""
+    lanes = {64: {}, 32: dict(wm=16, wn=32, tm=4, tn=4), 16: dict(wm=16, wn=16, tm=2, tn=4)}.get(block, {})
+    return dict(bm=block, bn=block, group_m=1, **lanes)
+
+
 # ---- launch -----------------------------------------------------------------------------------------
 def plan(spec: Spec, problem: Problem) -> LaunchPlan:
     grid_m = -(-problem.m // spec.bm)
     grid_n = -(-problem.n // spec.bn)
+    if spec.sampled:  # one block per tile of each kept block
+        grid_m, grid_n = sampled_blocks(problem, spec.bm, spec.bn), 1
     main = KernelLaunch(
         symbol=spec.name,
         grid=(grid_m * grid_n, spec.split_k, 1),
@@ -404,10 +434,11 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    rule = (f"{spec.name}: grid = (ceil(M/{spec.bm}) * ceil(N/{spec.bn}), {spec.split_k}, 1), "
-            f"block = ({spec.threads}, 1, 1)")
+    tiles = (f"max(1, nnzb) * {(spec.block // spec.bm) * (spec.block // spec.bn)} (nnzb: W's kept blocks, one block per "
+             f"{spec.bm}x{spec.bn} tile of each)" if spec.sampled else f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})")
+    rule = f"{spec.name}: grid = ({tiles}, {spec.split_k}, 1), block = ({spec.threads}, 1, 1)"
     if spec.block:
-        rule += "; " + (BSR_GI_ARGS if spec.layout is Layout.grad_input else BSR_ARGS).format(block=spec.block)
+        rule += "; " + bsr_args(spec.layout, spec.block)
     if spec.reduce == "two_pass":
         rule += "; then " + reduce_rule(spec.name, spec.split_k)
     if spec.reduce == "last":

@@ -6,6 +6,9 @@
 - ``codegen.nn.bundle``: tuned kernels without the store (``codegen export --bundle``), and finding a
   layer's kernel in a bundle, a store or the families' built-in seeds.
 - ``codegen.nn.step``: a layer's kernels picked by the train step's time (``codegen pick-step``).
+- ``codegen.nn.sparse``: the layer with a block-sparse W (``BlockSparseLinear``; its weight gradient
+  sampled at the kept blocks), and ``codegen.nn.pruned``: a model pruned to it (``codegen prune``)
+  and its safetensors file (``load_pruned``).
 
 These sit above codegen's core (problem, spec, families, render, compile, engine, export, ...):
 they use the search and the store, which the core never imports. Importing this package imports no
@@ -15,10 +18,15 @@ below load ``codegen.nn.layer`` (and torch) when first asked for: ``from codegen
 
 from __future__ import annotations
 
-__all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
+__all__ = ["BlockSparseLinear", "Kernels", "Linear", "kernels_from", "load_pruned", "replace_linear"]
+_SPARSE = ("BlockSparseLinear", "load_pruned")
 
 
 def __getattr__(name: str):
+    if name in _SPARSE:
+        from codegen.nn import sparse
+
+        return getattr(sparse, name)
     if name in __all__:
         from codegen.nn import layer
 

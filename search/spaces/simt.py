@@ -41,7 +41,9 @@ def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.for
     """With a block-sparse W (``block`` > 0) the block tile spans one block row, so ``bn`` is the
     block (not sampled), k-tiles divide the block, and tiles go through shared memory. The backward
     layouts take the same dimensions (their k-outer operands are loaded in runs along bm or bn,
-    which ``Spec.check`` asks ``vec`` to divide)."""
+    which ``Spec.check`` asks ``vec`` to divide), but for the weight gradient of a block-sparse W
+    (dW sampled at its kept blocks): its block tiles are parts of a block (``bm`` and ``bn`` divide
+    it), run in the pattern's order over the whole batch (no ``group_m``, no ``split``)."""
     dims = {
         "bm": (1, 2, 4, 8, 16, 32, 64, 128, 256),
         "bn": (32, 64, 128, 256),
@@ -55,7 +57,11 @@ def space(dtype: DType = DType.fp32, block: int = 0, layout: Layout = Layout.for
         "group_m": (1, 4, 8),
         "split": split_choices((1, 2, 4, 8, 16, 32), REDUCES[DType(dtype) is DType.fp32]),
     }
-    if block:
+    if block and Layout(layout) is Layout.grad_weight:
+        dims["bm"] = tuple(v for v in dims["bm"] if v >= 16 and block % v == 0)
+        dims["bn"] = tuple(v for v in (16, 32, 64) if block % v == 0)
+        del dims["group_m"], dims["split"]
+    elif block:
         del dims["bn"]
         dims["bk"] = tuple(v for v in dims["bk"] if block % v == 0)
     return Space(NAME, dims)
@@ -102,10 +108,34 @@ SPARSE_SEEDS: list[dict] = [
 ]
 
 
+def _sampled(bm, bn, bk, tm, tn, lanes_m, stages, copy) -> dict:
+    return dict(bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, lanes_m=lanes_m, pad=4, vec=4, pipeline=pipeline_value(stages, copy),
+                group_m=1, split="k1")
+
+
+#: dW sampled at a block-sparse W's kept blocks (layout grad_weight): tiles of a whole block or of an
+#: equal part of one (bm or bn None: the problem's block, as is one that does not divide it). Not yet
+#: timed on a GPU: starting points, the ones a block refuses cost nothing.
+SAMPLED_SEEDS: list[dict] = [
+    _sampled(None, None, 16, 8, 8, 4, 2, "reg"),  # block 64: 2 warps of 32x64
+    _sampled(None, None, 16, 8, 8, 4, 3, "async"),
+    _sampled(32, 32, 16, 4, 4, 4, 3, "async"),  # blocks 32, quarters of 64
+    _sampled(32, 32, 32, 4, 4, 4, 2, "reg"),
+    _sampled(16, 16, 16, 2, 4, 8, 2, "reg"),  # blocks 16
+]
+
+
 def to_spec(point: dict, problem: Problem) -> Spec:
-    """Map a point of the space onto a spec for the problem (may be an invalid spec)."""
+    """Map a point of the space onto a spec for the problem (may be an invalid spec). dW sampled at
+    a block-sparse W's kept blocks tiles parts of a block (a bm or bn that is None or does not
+    divide it becomes the block), in the pattern's order (group_m 1), with no split-K."""
     p = dict(point)
-    if problem.block:
+    if problem.block and problem.layout is Layout.grad_weight:
+        for side in ("bm", "bn"):
+            if p.get(side) is None or problem.block % p[side]:
+                p[side] = problem.block
+        p.update(group_m=1, split="k1", block=problem.block)
+    elif problem.block:
         p.update(bn=problem.block, block=problem.block)
     lanes_m = p.pop("lanes_m")
     p["stages"], p["copy"] = pipeline_of(p.pop("pipeline"))
@@ -116,8 +146,10 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "group_m") if k != "bn" or not spec.block}
+    dims = space(spec.dtype, spec.block, spec.layout).dims
+    point = {k: d[k] for k in ("bm", "bn", "bk", "tm", "tn", "pad", "vec", "group_m") if k in dims}
     point["lanes_m"] = spec.wm // spec.tm
     point["pipeline"] = pipeline_value(spec.stages, spec.copy)
-    point["split"] = split_value(spec.split_k, spec.reduce)
+    if "split" in dims:
+        point["split"] = split_value(spec.split_k, spec.reduce)
     return point

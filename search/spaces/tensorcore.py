@@ -16,7 +16,9 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     blocks. Deep pipelines (6 and 8 stages) are for small tiles, whose k-tiles a few kept blocks
     of a block row can all have in flight at once. The backward
     layouts have no pack prepass. ``split`` is split-K with its reduction (atomics only for the
-    fp32 output of tf32; ``search.space.split_choices``)."""
+    fp32 output of tf32; ``search.space.split_choices``). The weight gradient of a block-sparse W
+    (dW sampled at its kept blocks) tiles each kept block in parts (``bm`` and ``bn`` divide the
+    block), runs them in the pattern's order over the whole batch: no ``group_m``, no ``split``."""
     dims = {
         "mma": ("mma", "wmma"),
         "bm": (16, 32, 64, 128, 256),
@@ -37,6 +39,10 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     if block:
         dims["bn"] = tuple(v for v in dims["bn"] if block % v == 0)
         dims["wn"] = tuple(v for v in dims["wn"] if block % v == 0)
+    if block and Layout(layout) is Layout.grad_weight:
+        dims["bm"] = tuple(v for v in dims["bm"] if block % v == 0)
+        dims["wm"] = tuple(v for v in dims["wm"] if block % v == 0)
+        del dims["group_m"], dims["split"]
     return Space(NAME, dims)
 
 
@@ -96,11 +102,31 @@ SPARSE_SEEDS = [
 ]
 
 
+#: dW sampled at a block-sparse W's kept blocks (layout grad_weight): tiles of a whole block or of an
+#: equal part of one (bm or bn None: the problem's block, as is one that does not divide it), fed by
+#: deep k-tiles of the batch. Not yet timed on a GPU: starting points, the ones a block refuses cost nothing.
+SAMPLED_SEEDS = [
+    _point(None, None, 32, 32, 32, 1, 4, "smem", group_m=1),  # blocks 32 and 64: 1 or 4 warps of 32x32
+    _point(None, None, 64, 32, 32, 1, 3, "smem", group_m=1),
+    _point(32, 32, 64, 16, 16, 1, 4, "smem", group_m=1),  # quarters of a block of 64, blocks of 32 whole
+    _point(32, 32, 128, 16, 16, 4, 4, "smem", group_m=1),  # slice-K warps over a long batch
+    _point(16, 16, 128, 16, 16, 2, 4, "smem", group_m=1),  # blocks of 16
+    _point(None, None, 32, 64, 32, 1, 4, "direct", group_m=1),
+]
+
+
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem. Choices a rule fixes are derived, not sampled:
     wmma takes a padded layout and a staged epilogue, slice-K a staged epilogue, and a backward
-    layout no pack prepass."""
+    layout no pack prepass; dW sampled at a block-sparse W's kept blocks tiles parts of a block (a
+    bm or bn that is None or does not divide it becomes the block), in the pattern's order
+    (group_m 1), with no split-K."""
     p = dict(point)
+    if problem.block and problem.layout is Layout.grad_weight:
+        for side in ("bm", "bn"):
+            if p.get(side) is None or problem.block % p[side]:
+                p[side] = problem.block
+        p.update(group_m=1, split="k1")
     if problem.block:
         if p.get("bn") is None or problem.block % p["bn"]:  # no bn (the seeds), or one that cannot part the block
             p["bn"] = problem.block
@@ -118,6 +144,8 @@ def to_spec(point: dict, problem: Problem) -> Spec:
 def point_of(spec: Spec) -> dict:
     """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
     d = spec.to_dict()
-    point = {k: d[k] for k in space(spec.dtype, spec.block, spec.layout).dims if k != "split"}
-    point["split"] = split_value(spec.split_k, spec.reduce)
+    dims = space(spec.dtype, spec.block, spec.layout).dims
+    point = {k: d[k] for k in dims if k != "split"}
+    if "split" in dims:
+        point["split"] = split_value(spec.split_k, spec.reduce)
     return point

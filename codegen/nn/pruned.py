@@ -1,0 +1,213 @@
+"""A model pruned to block-sparse W, and its file (the optional ``torch`` extra, with safetensors).
+
+``prune_model`` replaces, in place, the ``nn.Linear`` layers of a model whose qualified names match
+a regular expression by ``BlockSparseLinear`` layers pruned by block magnitude (codegen.sparse.prune_blocks).
+``save_pruned`` writes the model's weights as one safetensors file: every tensor of its state dict,
+a pruned layer's W as ``NAME.blocks`` [nnzb, block, block] with its BSR structure ``NAME.indptr``
+and ``NAME.indices`` (int32), and in the file's metadata, under ``gemmscape.pruned``, a JSON object
+naming each pruned layer with its block, W's shape [out, in], density, kept blocks and pattern hash
+(``format`` is ``gemmscape-pruned/1``). ``load_pruned`` puts such a file back into the model it came
+from: each pruned layer (an ``nn.Linear`` there) becomes a ``BlockSparseLinear`` of the file's
+pattern and values, and every other tensor is loaded as it is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from codegen import sparse
+from codegen.nn.layer import kernels_from
+from codegen.nn.sparse import BlockSparseLinear
+
+__all__ = ["FORMAT", "PruneError", "load_model_weights", "load_pruned", "prune_model", "pruned_layers", "save_pruned",
+           "select_linears"]
+
+FORMAT = "gemmscape-pruned/1"
+META_KEY = "gemmscape.pruned"
+
+
+class PruneError(ValueError):
+    """What is asked cannot be pruned, written or read; the message is one line."""
+
+
+def select_linears(model: nn.Module, layers: str | None = None) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` layers of ``model`` by qualified name ("" for a model that is one), those whose
+    name ``layers`` matches (``re.search``) when given; a PruneError when none is left."""
+    try:
+        regex = re.compile(layers) if layers is not None else None
+    except re.error as e:
+        raise PruneError(f"--layers {layers!r} is not a regular expression: {e}") from None
+    found = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    chosen = {name: m for name, m in found.items() if regex is None or regex.search(name)}
+    if not chosen:
+        names = ", ".join(n or "(model)" for n in list(found)[:8]) + (", ..." if len(found) > 8 else "")
+        raise PruneError(f"--layers {layers!r} matches no nn.Linear layer of the model (its layers: {names})" if found
+                         else "the model has no nn.Linear layer")
+    return chosen
+
+
+def _check(layers: dict[str, nn.Linear], density: float, block: int) -> None:
+    if not 0.0 < density <= 1.0:
+        raise PruneError(f"the density must lie in (0, 1] (the fraction of W's blocks kept), got {density!r}")
+    if block not in sparse.BLOCKS:
+        raise PruneError(f"the block must be one of {', '.join(map(str, sparse.BLOCKS))}, got {block!r}")
+    for name, layer in layers.items():
+        if block > min(layer.out_features, layer.in_features):
+            raise PruneError(f"a block of {block} does not fit layer {name or '(model)'}, whose W is "
+                             f"{layer.out_features}x{layer.in_features}: take a smaller --block or leave it out "
+                             f"with --layers")
+        if layer.weight.is_meta:
+            raise PruneError(f"layer {name or '(model)'} has no weights (the meta device): build the model with them")
+
+
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> nn.Module:
+    """``model`` with its submodule ``name`` replaced by ``layer`` (``layer`` itself for "")."""
+    if not name:
+        return layer
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
+    return model
+
+
+def prune_model(model: nn.Module, density: float, block: int, layers: str | None = None, *,
+                kernels=None) -> nn.Module:
+    """Every ``nn.Linear`` of ``model`` whose name ``layers`` matches (all without it) replaced in
+    place by a ``BlockSparseLinear`` keeping the ``round(density x blocks)`` blocks of W of largest
+    norm. Returns ``model`` (a new layer where the model is itself an ``nn.Linear``). PruneError
+    (nothing replaced) for a density outside (0, 1], a block not in codegen.sparse.BLOCKS or larger
+    than a chosen layer's W, or no layer chosen."""
+    chosen = select_linears(model, layers)
+    _check(chosen, density, block)
+    shared = kernels_from(kernels)  # one source for every layer: a fallback is logged once, not once per layer
+    for name, layer in chosen.items():
+        model = _replace(model, name, BlockSparseLinear.from_linear(layer, density, block, kernels=shared))
+    return model
+
+
+def pruned_layers(model: nn.Module) -> dict[str, BlockSparseLinear]:
+    """The ``BlockSparseLinear`` layers of ``model`` by qualified name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, BlockSparseLinear)}
+
+
+def _describe(layer: BlockSparseLinear) -> dict:
+    return {"block": layer.block, "shape": [layer.out_features, layer.in_features], "density": layer.density,
+            "nnzb": layer.pattern.nnzb, "pattern": layer.pattern_hash, "bias": layer.bias is not None}
+
+
+def save_pruned(model: nn.Module, path, metadata: dict[str, str] | None = None) -> dict:
+    """Write ``model``'s weights and its pruned layers' patterns to the safetensors file ``path``
+    (through a temporary file in its folder: nothing is left at ``path`` on error). Returns the
+    pruned layers' descriptions (the metadata's ``gemmscape.pruned``)."""
+    from safetensors.torch import save_file
+
+    tensors, storages = {}, set()
+    for key, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):
+            continue  # a layer's extra state (BlockSparseLinear: its pattern, written below)
+        t = value.detach().to("cpu").contiguous()
+        where = t.untyped_storage().data_ptr()
+        tensors[key] = t.clone() if where in storages else t  # tied weights: each name gets its own copy
+        storages.add(where)
+    layers = {name: _describe(layer) for name, layer in pruned_layers(model).items()}
+    meta = {**(metadata or {}), "format": FORMAT, META_KEY: json.dumps(layers)}
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a file opened for writing would be (the temporary one is private)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return layers
+
+
+def read_pruned(path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors of a pruned-model file and its pruned layers' descriptions; PruneError if it is not one."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise PruneError(f"cannot read {path} as a safetensors file: {e}") from None
+    if meta.get("format") != FORMAT or META_KEY not in meta:
+        raise PruneError(f"{path} is not a pruned model written by `codegen prune` (format {FORMAT})")
+    return tensors, json.loads(meta[META_KEY])
+
+
+def load_pruned(model: nn.Module, path, *, kernels=None) -> nn.Module:
+    """``model`` (as built for the pruned file's weights: the same layers, weights maybe on the meta
+    device) with each layer the file prunes replaced by a ``BlockSparseLinear`` of its pattern and
+    values, and every other tensor of the file loaded. Returns the model (a new layer where the model
+    is itself the pruned ``nn.Linear``); PruneError where the file does not fit it."""
+    tensors, layers = read_pruned(path)
+    shared = kernels_from(kernels)
+    for name, info in layers.items():
+        out, fin = info["shape"]
+        old = model.get_submodule(name) if name else model
+        if not isinstance(old, nn.Linear | BlockSparseLinear) or (old.out_features, old.in_features) != (out, fin):
+            raise PruneError(f"{path} prunes layer {name or '(model)'} of W {out}x{fin}, which the model does not have "
+                             f"as a linear layer of that shape")
+        pattern = sparse.Pattern(out, fin, info["block"], tensors[f"{_at(name)}indptr"].numpy(),
+                                 tensors[f"{_at(name)}indices"].numpy())
+        if pattern.hash != info["pattern"]:
+            raise PruneError(f"{path}: the indptr and indices of layer {name or '(model)'} are not its pattern "
+                             f"{info['pattern']} (a damaged file)")
+        bias = tensors.get(f"{_at(name)}bias")
+        device = old.blocks.device if isinstance(old, BlockSparseLinear) else old.weight.device
+        model = _replace(model, name, BlockSparseLinear.from_blocks(
+            fin, out, pattern, tensors[f"{_at(name)}blocks"], bias, kernels=shared,
+            device="cpu" if device.type == "meta" else device))
+    meta = any(t.is_meta for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=meta)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise PruneError(f"{path} does not fit the model: " + "; ".join(
+            f"{what} {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}"
+            for what, keys in (("missing", missing), ("not in the model", unexpected)) if keys))
+    return model
+
+
+def _at(name: str) -> str:
+    return f"{name}." if name else ""
+
+
+def load_model_weights(target: str) -> nn.Module:
+    """The model ``target`` names, with its weights: ``FILE.py:FACTORY`` called as it is (where
+    codegen.nn.tune.load_model builds it on the meta device, for its shapes only), or a module saved
+    whole with ``torch.save`` (read by load_model). ValueError saying what is wrong."""
+    from codegen.nn.tune import load_model
+
+    path_text, _, attr = target.rpartition(":") if ":" in target and not Path(target).exists() else (target, "", "")
+    path = Path(path_text)
+    if path.suffix != ".py" or not path.is_file() or not attr:
+        return load_model(target)  # a saved module, or a mistake load_model names
+    spec = importlib.util.spec_from_file_location(f"gemmscape_pruned_{abs(hash(str(path.resolve())))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ValueError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ValueError(f"{path} has no {attr}")
+    try:
+        model = factory() if callable(factory) else factory
+    except Exception as e:
+        raise ValueError(f"{path}:{attr}() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{target} gives a {type(model).__name__}, not a torch.nn.Module")
+    return model
