@@ -114,7 +114,7 @@ def test_a_gemm_without_kernels_is_logged_once(caplog):
         for _ in range(3):
             lay(torch.randn(4, 45, requires_grad=True)).sum().backward()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 3 and all("runs torch instead: the tensors are on cpu" in line for line in lines)
+    assert len(lines) == 3 and all("runs torch's op instead: the tensors are on cpu" in line for line in lines)
     assert {k[0].split("_")[2] for k in lay.kernels.fallbacks} == {"forward", "grad"}
     assert any("_grad_weight_bias_bsr16_" in k[0] for k in lay.kernels.fallbacks)
 
@@ -213,8 +213,8 @@ def test_the_kernel_path_passes_the_bsr_arrays_by_role(monkeypatch, with_db):
             names = {"DB"} if with_db and problem.layout is Layout.grad_weight else set()
             return StandIn(problem, names, calls)
 
-    monkeypatch.setattr(nn_sparse, "sparse_kernels", lambda kernels: Source())
     lay = layer(out=130, fin=100, block=32, seed=4)
+    monkeypatch.setattr(lay.kernels, "kernel", Source().kernel)
     x = torch.randn(37, 100, requires_grad=True)
     y = lay(x)
     grad_y = torch.randn_like(y)
@@ -243,6 +243,8 @@ def test_compiled_kernels_point_each_bsr_argument_at_its_tensor(monkeypatch):
     pointers land in the slots the manifest's argument names say (no GPU: the launch is recorded)."""
     from types import SimpleNamespace
 
+    from codegen.nn.layer import _Compiled
+
     lay = layer(out=130, fin=100, block=32, dtype=torch.bfloat16)
     seeds = SeedKernels(arch="sm_90")
     tensors = {"y": torch.empty(8, 130, dtype=torch.bfloat16), "x": torch.empty(8, 100, dtype=torch.bfloat16),
@@ -253,7 +255,7 @@ def test_compiled_kernels_point_each_bsr_argument_at_its_tensor(monkeypatch):
     for layout, bias in ((Layout.forward, True), (Layout.grad_input, False), (Layout.grad_weight, True)):
         problem = lay.problem(layout, 8, "bf16", bias)
         found = seeds.find(problem, "NVIDIA H200")
-        compiled = nn_sparse._SparseCompiled.__new__(nn_sparse._SparseCompiled)
+        compiled = _Compiled.__new__(_Compiled)
         compiled.manifest, compiled.problem, compiled.device, compiled.sms = found.manifest, problem, torch.device(
             "cuda", 0), 132
         compiled.functions = [f"function {i}" for i in range(len(found.manifest["kernels"]))]
@@ -279,10 +281,11 @@ def test_a_kernel_cublas_beat_is_left_to_torch_unless_ours_everywhere(monkeypatc
     ours runs and is listed as unjudged; ours_everywhere runs ours regardless."""
     from types import SimpleNamespace
 
+    from codegen.nn import layer as nn_layer
     from codegen.nn.layer import Kernels
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr(nn_sparse, "_SparseCompiled", lambda found, problem, device: ("compiled", found.manifest))
+    monkeypatch.setattr(nn_layer, "_Compiled", lambda found, problem, device: ("compiled", found.manifest))
     lay = layer(out=130, fin=100, block=32)
     problem = lay.problem(Layout.forward, 8, "fp32")
     cuda = torch.device("cuda", 0)
@@ -294,11 +297,11 @@ def test_a_kernel_cublas_beat_is_left_to_torch_unless_ours_everywhere(monkeypatc
                                                                       verdict=verdict))
 
     kernels = Kernels(source("cublas"))
-    assert nn_sparse.sparse_kernels(kernels).kernel(problem, cuda) is None
+    assert kernels.kernel(problem, cuda) is None
     assert "cuBLAS won" in kernels.fallbacks[(problem.key, str(cuda))]
     everywhere = Kernels(source("cublas"), ours_everywhere=True)
-    assert nn_sparse.sparse_kernels(everywhere).kernel(problem, cuda)[0] == "compiled"
+    assert everywhere.kernel(problem, cuda)[0] == "compiled"
     unjudged = Kernels(source(None))
-    assert nn_sparse.sparse_kernels(unjudged).kernel(problem, cuda)[0] == "compiled"
+    assert unjudged.kernel(problem, cuda)[0] == "compiled"
     assert unjudged.unjudged == {(problem.key, str(cuda)): "a bundle holds no verdict"}
-    assert nn_sparse.sparse_kernels(Kernels(source("ours"))).kernel(problem, cuda)[0] == "compiled"
+    assert Kernels(source("ours")).kernel(problem, cuda)[0] == "compiled"

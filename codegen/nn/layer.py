@@ -37,12 +37,16 @@ __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
 log = logging.getLogger("gemmscape.nn")
 
 DTYPES = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT")
+POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT", "RP", "CI", "WT")
 #: A kernel argument's array per layout (codegen.launch.LAYOUT_SLOTS names them) -> the tensor it is here.
+#: A block-sparse W's kernels also take its BSR arrays (codegen.nn.sparse): W's row pointers RP and
+#: block columns CI, and for grad_input Wᵀ's blocks WT with Wᵀ's RP and CI.
 OPERANDS = {
-    Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias"},
-    Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight"},
-    Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias"},
+    Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias", "RP": "indptr", "CI": "indices"},
+    Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight", "WT": "weight_t", "RP": "t_indptr",
+                        "CI": "t_indices"},
+    Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias", "RP": "indptr",
+                         "CI": "indices"},
 }
 #: The GEMM's own output per layout (zeroed first where the plan says so).
 OUTPUT = {Layout.forward: "y", Layout.grad_input: "grad_x", Layout.grad_weight: "grad_weight"}
@@ -346,11 +350,18 @@ class Kernels:
                         "so does any other such GEMM, said once (Kernels.unjudged lists them)", problem.key, device, why)
 
     def _fallback(self, problem: Problem, device: str, reason: str) -> None:
-        key = (problem.key, device)
-        if key not in self._said:
+        self.fallback(problem.key, device, reason)
+
+    def fallback(self, what: str, device: str, reason: str) -> None:
+        """Torch runs ``what`` (a problem's key, or a call no problem describes) on ``device``: said once
+        in the log, kept in ``fallbacks``."""
+        key = (what, device)
+        with self._lock:
+            if key in self._said:
+                return
             self._said.add(key)
             self.fallbacks[key] = reason
-            log.warning("gemmscape: %s on %s runs torch's op instead: %s", problem.key, device, reason)
+        log.warning("gemmscape: %s on %s runs torch's op instead: %s", what, device, reason)
 
 
 def kernels_from(source, *, ours_everywhere: bool | None = None) -> Kernels:

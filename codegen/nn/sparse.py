@@ -22,10 +22,7 @@ blocks of Wᵀ, RP and CI of Wᵀ; grad_weight DW=the gradient of blocks, RP=ind
 
 from __future__ import annotations
 
-import copy
 import logging
-import threading
-import weakref
 
 import numpy as np
 import torch
@@ -33,127 +30,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from codegen import sparse
-from codegen.nn.layer import DTYPES, Kernels, _Compiled, _ready, _Unusable, kernels_from
+from codegen.nn.layer import DTYPES, _Compiled, _ready, kernels_from
 from codegen.problem import Layout, Problem
 
 __all__ = ["BlockSparseLinear", "blocks_to_dense", "dense_to_blocks", "load_pruned"]
 
 log = logging.getLogger("gemmscape.nn")
-
-#: Each layout's BSR kernel arguments -> the tensor (role) that a call passes for them.
-SPARSE_ROLES = {
-    Layout.forward: {"RP": "indptr", "CI": "indices"},
-    Layout.grad_input: {"WT": "weight_t", "RP": "t_indptr", "CI": "t_indices"},
-    Layout.grad_weight: {"RP": "indptr", "CI": "indices"},
-}
-
-
-class _SparseCompiled(_Compiled):
-    """``codegen.nn.layer``'s compiled kernel, whose launches also pass the BSR arrays (RP, CI, WT)."""
-
-    def prepare(self) -> None:
-        # The launch steps fix their pointer slots by argument name; the BSR arguments are handed to
-        # them as the workspace's name (a pointer slot), and then each slot is pointed at its tensor.
-        real, roles = self.manifest, SPARSE_ROLES[self.problem.layout]
-        stand_in = copy.deepcopy(real)
-        for step in stand_in["kernels"]:
-            for arg in step["args"]:
-                arg["name"] = "WS" if arg["name"] in roles else arg["name"]
-        self.manifest = stand_in
-        try:
-            super().prepare()
-        finally:
-            self.manifest = real
-        self.arg_names = frozenset(a["name"] for step in real["kernels"] for a in step["args"])
-        for step, kernel in zip(self.steps, real["kernels"], strict=True):
-            names = [a["name"] for a in kernel["args"]]
-            step.pointers = [(i, roles.get(names[i], role)) for i, role in step.pointers]
-
-
-class _SparseKernels:
-    """The compiled block-sparse kernels of one ``Kernels``' source, by problem and device, and the
-    fallbacks already reported (recorded in that ``Kernels``' ``fallbacks`` too)."""
-
-    def __init__(self, kernels: Kernels) -> None:
-        self.kernels = kernels
-        self.compiled: dict[tuple[Problem, str], _SparseCompiled | str] = {}
-        self.said: set[tuple[str, str]] = set()
-        self.lock = threading.Lock()
-
-    def kernel(self, problem: Problem, device: torch.device) -> _SparseCompiled | None:
-        key = (problem, str(device))
-        got = self.compiled.get(key)
-        if got is None:
-            with self.lock:
-                got = self.compiled.get(key)
-                if got is None:
-                    got = self.compiled[key] = self._load(problem, device)
-        if isinstance(got, str):
-            fallback(self.kernels, problem.key, str(device), got)
-            return None
-        return got
-
-    def _load(self, problem: Problem, device: torch.device) -> _SparseCompiled | str:
-        source = self.kernels.source
-        if device.type != "cuda":
-            return f"the tensors are on {device.type}; gemmscape kernels run on CUDA GPUs"
-        if source is None:
-            return "no bundle or store was given"
-        found = source.find(problem, torch.cuda.get_device_name(device))
-        if isinstance(found, str):
-            return found
-        if not getattr(self.kernels, "ours_everywhere", False):  # never slower than cuBLAS, by choice
-            verdict = getattr(found, "verdict", None)
-            if verdict is not None and verdict.winner == "cublas":
-                return verdict.reason()
-            if verdict is None or verdict.winner != "ours":
-                self._unjudged(problem, str(device), verdict.note if verdict is not None and verdict.note
-                               else f"{getattr(found, 'origin', 'its source')} holds no verdict")
-        try:
-            return _SparseCompiled(found, problem, device)
-        except _Unusable as e:
-            return f"{found.manifest.get('name')} from {found.origin}: {e}"
-        except Exception as e:  # a kernel that does not build or load here: say so, run torch instead
-            return (f"{found.manifest.get('name')} from {found.origin} cannot be built or loaded here: "
-                    f"{type(e).__name__}: {e}")
-
-
-    def _unjudged(self, problem: Problem, device: str, why: str) -> None:
-        """Ours runs ``problem`` with no verdict against cuBLAS: listed in the ``Kernels``' ``unjudged``
-        (as codegen.nn.Linear's are), the first one logged."""
-        unjudged = getattr(self.kernels, "unjudged", None)
-        if unjudged is None:
-            return
-        first = not unjudged
-        unjudged[(problem.key, device)] = why
-        if first:
-            log.warning("gemmscape: %s on %s runs gemmscape's kernel without a verdict against cuBLAS (%s); so does "
-                        "any other such GEMM, said once (Kernels.unjudged lists them)", problem.key, device, why)
-
-
-_SOURCES: weakref.WeakKeyDictionary[Kernels, _SparseKernels] = weakref.WeakKeyDictionary()
-_SOURCES_LOCK = threading.Lock()
-
-
-def sparse_kernels(kernels: Kernels) -> _SparseKernels:
-    """The block-sparse kernels compiled from ``kernels``' source, shared by every layer using it."""
-    with _SOURCES_LOCK:
-        got = _SOURCES.get(kernels)
-        if got is None:
-            got = _SOURCES[kernels] = _SparseKernels(kernels)
-        return got
-
-
-def fallback(kernels: Kernels, key: str, device: str, reason: str) -> None:
-    """Log once per problem and device that torch runs a GEMM instead (``kernels.fallbacks`` keeps it)."""
-    state = sparse_kernels(kernels)
-    with state.lock:
-        if (key, device) in state.said:
-            return
-        state.said.add((key, device))
-        kernels.fallbacks[(key, device)] = reason
-    log.warning("gemmscape: %s on %s runs torch instead: %s", key, device, reason)
-
 
 class _Cache(dict):
     """A layer's GEMMs resolved so far (kernels loaded on a device): a copied or pickled layer starts
@@ -241,7 +123,7 @@ class BlockSparseLinear(nn.Module):
         self.register_buffer("t_indptr", torch.as_tensor(t.indptr, device=device), persistent=False)
         self.register_buffer("t_indices", torch.as_tensor(t.indices, device=device), persistent=False)
         self.register_buffer("t_order", torch.as_tensor(order.T[t.mask()], device=device), persistent=False)
-        self._gemms: dict[tuple, tuple[Problem, _SparseCompiled] | None] = _Cache()
+        self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = _Cache()
 
     @property
     def pattern(self) -> sparse.Pattern:
@@ -345,7 +227,7 @@ class BlockSparseLinear(nn.Module):
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self, layout: Layout, batch: int, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
-              bias: bool) -> tuple[Problem, _SparseCompiled] | None:
+              bias: bool) -> tuple[Problem, _Compiled] | None:
         """The ``layout`` GEMM at ``batch`` rows: its problem and kernel, or None (torch runs it; the
         reason is logged once). Resolved once per batch, dtypes, bias and device."""
         key = (layout, batch, dtype, weight_dtype, device, bias)
@@ -354,10 +236,10 @@ class BlockSparseLinear(nn.Module):
         got = None
         if dtype not in DTYPES or weight_dtype != dtype or batch == 0:
             why = "an empty GEMM" if batch == 0 else f"gemmscape has no {dtype} kernels with {weight_dtype} blocks"
-            fallback(self.kernels, f"{layout.value} of {self!r} at batch {batch}, {dtype}", str(device), why)
+            self.kernels.fallback(f"{layout.value} of {self!r} at batch {batch}, {dtype}", str(device), why)
         else:
             problem = self.problem(layout, batch, DTYPES[dtype], bias)
-            compiled = sparse_kernels(self.kernels).kernel(problem, device)
+            compiled = self.kernels.kernel(problem, device)
             got = (problem, compiled) if compiled is not None else None
         self._gemms[key] = got
         return got
