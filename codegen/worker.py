@@ -78,11 +78,14 @@ class NoGpu(WorkerUnavailable):
 
 
 def why_no_gpu() -> str | None:
-    """None when nvidia-smi lists a GPU, else the reason; asked of nvidia-smi, so no CUDA is
-    initialized here (and no driver library is loaded where there is none)."""
+    """None when nvidia-smi lists a GPU (or, without nvidia-smi, the driver library is there), else
+    the reason; asked of nvidia-smi, so no CUDA is initialized here (and no driver library is
+    loaded where there is none)."""
     smi = shutil.which("nvidia-smi")
-    if not smi:
-        return "no NVIDIA driver here (nvidia-smi not found)"
+    if not smi:  # some containers carry the driver library without the tool: then the worker finds out
+        import ctypes.util
+
+        return None if ctypes.util.find_library("cuda") else "no NVIDIA driver here (nvidia-smi not found)"
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:

@@ -474,3 +474,18 @@ def test_pick_step_when_torch_sees_no_gpu_is_the_same_line(capsys, tmp_path, mon
     line = assert_usage(["pick-step", *LAYER_64, "--bundle", str(bundle), "--db", f"sqlite:///{tmp_path / 's.db'}"],
                         capsys, f"torch {torch.__version__} sees no CUDA GPU", ": it needs an NVIDIA GPU and its driver")
     assert line.startswith("codegen pick-step:") and not bundle.exists()
+
+
+@pytest.mark.parametrize("smi,lib,why", [
+    (None, None, "no NVIDIA driver here (nvidia-smi not found)"),
+    (None, "libcuda.so.1", None),  # a container with the driver library but not the tool: the worker finds out
+])
+def test_no_gpu_is_said_from_nvidia_smi_or_the_driver_library(monkeypatch, smi, lib, why):
+    import ctypes.util
+    import shutil
+
+    from codegen import worker
+
+    monkeypatch.setattr(shutil, "which", lambda name: smi)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: lib if name == "cuda" else None)
+    assert worker.why_no_gpu() == why
