@@ -89,13 +89,18 @@ def layout_rules(layout: Layout, bias: bool, block: int, sampled: bool = False) 
     return why
 
 
-def sampled_rules(block: int, bm: int, bn: int) -> list[str]:
+def sampled_rules(block: int, bm: int, bn: int, split_k: int = 1, group_m: int = 1) -> list[str]:
     """What the weight gradient of a block-sparse W (dW at its kept blocks only) needs of its tiles:
-    each block tile lies in one kept block, an equal part of it or all of it."""
+    each block tile lies in one kept block, an equal part of it or all of it, and one tile covers a
+    part of a kept block over the whole batch, in the pattern's order (no split-K, no grouping)."""
     if block not in SPARSE_BLOCKS:
         return [f"block must be one of {SPARSE_BLOCKS} (0: dense W), got {block}"]
-    return [f"a tile of dW sampled at the kept blocks lies in one block: {side} must divide the block ({block}), "
-            f"got {value}" for side, value in (("bm", bm), ("bn", bn)) if value > block or block % value]
+    why = [f"a tile of dW sampled at the kept blocks lies in one block: {side} must divide the block ({block}), "
+           f"got {value}" for side, value in (("bm", bm), ("bn", bn)) if value > block or block % value]
+    if split_k != 1 or group_m != 1:
+        why.append("dW sampled at the kept blocks runs one tile per part of a kept block, in the pattern's "
+                   "order, over the whole batch: split_k and group_m must be 1")
+    return why
 
 
 def field_rules(spec: Any, positive: tuple[str, ...] = (), choices: tuple[tuple[str, tuple], ...] = ()) -> list[str]:

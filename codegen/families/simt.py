@@ -274,10 +274,7 @@ class Spec(SpecData):
             return why
         why += layout_rules(self.layout, self.bias, self.block, sampled=True)
         if self.sampled:
-            why += sampled_rules(self.block, self.bm, self.bn)
-            if self.split_k != 1 or self.group_m != 1:
-                why.append("dW sampled at the kept blocks runs one tile per part of a kept block, in the pattern's "
-                           "order, over the whole batch: split_k and group_m must be 1")
+            why += sampled_rules(self.block, self.bm, self.bn, self.split_k, self.group_m)
         elif self.block:
             why += sparse_rules(self.block, self.bn, self.bk)
             if self.stages == 0:

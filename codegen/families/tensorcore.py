@@ -263,10 +263,7 @@ class Spec(SpecData):
                     why.append(f"a k-outer operand's tile rows are 16-byte chunks along {side}: {side} {rows} must make "
                                f"a power-of-two number of them")
         if self.sampled:
-            why += sampled_rules(self.block, self.bm, self.bn)
-            if self.split_k != 1 or self.group_m != 1:
-                why.append("dW sampled at the kept blocks runs one tile per part of a kept block, in the pattern's "
-                           "order, over the whole batch: split_k and group_m must be 1")
+            why += sampled_rules(self.block, self.bm, self.bn, self.split_k, self.group_m)
         elif self.block:
             why += sparse_rules(self.block, self.bn, self.bk, blocks_per_tile=True, part_rows=True)
         if self.block:

@@ -13,7 +13,6 @@ pattern and values, and every other tensor is loaded as it is.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -186,28 +185,8 @@ def _at(name: str) -> str:
 
 
 def load_model_weights(target: str) -> nn.Module:
-    """The model ``target`` names, with its weights: ``FILE.py:FACTORY`` called as it is (where
-    codegen.nn.tune.load_model builds it on the meta device, for its shapes only), or a module saved
-    whole with ``torch.save`` (read by load_model). ValueError saying what is wrong."""
+    """The model ``target`` names, with its weights (codegen.nn.tune.load_model, the factory called as
+    it is, not on the meta device). ValueError saying what is wrong."""
     from codegen.nn.tune import load_model
 
-    path_text, _, attr = target.rpartition(":") if ":" in target and not Path(target).exists() else (target, "", "")
-    path = Path(path_text)
-    if path.suffix != ".py" or not path.is_file() or not attr:
-        return load_model(target)  # a saved module, or a mistake load_model names
-    spec = importlib.util.spec_from_file_location(f"gemmscape_pruned_{abs(hash(str(path.resolve())))}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise ValueError(f"importing {path} failed: {type(e).__name__}: {e}") from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ValueError(f"{path} has no {attr}")
-    try:
-        model = factory() if callable(factory) else factory
-    except Exception as e:
-        raise ValueError(f"{path}:{attr}() failed: {type(e).__name__}: {e}") from None
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"{target} gives a {type(model).__name__}, not a torch.nn.Module")
-    return model
+    return load_model(target, weights=True)

@@ -176,10 +176,11 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
 
 
 # ---- models (torch) ---------------------------------------------------------------------------------
-def load_model(target: str):
-    """The model ``target`` names: ``file.py:factory`` (called with no arguments, on torch's meta
-    device where it can be, so no weights are allocated) or a module saved whole with ``torch.save``
-    (.pt/.pth). Raises ValueError saying what is wrong."""
+def load_model(target: str, weights: bool = False):
+    """The model ``target`` names: ``file.py:factory`` (called with no arguments; unless ``weights``,
+    on torch's meta device where it can be, so no weights are allocated: tuning needs the shapes
+    only) or a module saved whole with ``torch.save`` (.pt/.pth). Raises ValueError saying what is
+    wrong."""
     import torch
 
     if ":" in target and not Path(target).exists():
@@ -204,11 +205,18 @@ def load_model(target: str):
         if not callable(factory):
             model = factory
         else:
-            try:  # shapes only: build on the meta device, no memory for the weights
-                with torch.device("meta"):
+            model = None
+            if not weights:
+                try:  # shapes only: build on the meta device, no memory for the weights
+                    with torch.device("meta"):
+                        model = factory()
+                except Exception:  # a factory that needs real tensors (loads weights, say): build it as is
+                    model = None
+            if model is None:
+                try:
                     model = factory()
-            except Exception:  # a factory that needs real tensors (loads weights, say): build it as is
-                model = factory()
+                except Exception as e:
+                    raise ValueError(f"{path}:{attr}() failed: {type(e).__name__}: {e}") from None
     else:
         try:
             model = torch.load(path, map_location="cpu", weights_only=False)
