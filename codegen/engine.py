@@ -16,6 +16,7 @@ from codegen.data import (
     NAN16,
     NAN32_HALVES,
     STORAGE,
+    absolute,
     compare,
     dense_w,
     output_shapes,
@@ -66,6 +67,7 @@ class Operands:
         self.problem = problem
         self.host = random_inputs(problem, rng)
         self.ref = references(problem, self.host) if with_reference else None
+        self.scale = references(problem, absolute(problem, self.host)) if with_reference else None
         self.buffers: dict[str, Buffer] = {}
         for name, arr in self.host.items():
             self.buffers[name] = Buffer(arr.nbytes)
@@ -347,7 +349,7 @@ class Engine:
             raise Failure("wrong_result", f"{what}: {left} of {plan.counters} tile counters left non-zero after the launch")
         errors = {}
         for name in ops.outputs:
-            status, evidence, errors[name] = compare(ops.problem, ops.output(name), ops.ref[name])
+            status, evidence, errors[name] = compare(ops.problem, ops.output(name), ops.ref[name], ops.scale[name])
             if status != "ok":
                 label = f" {name}" if len(ops.outputs) > 1 else ""
                 raise Failure(status, f"{what}{label}: {evidence}")

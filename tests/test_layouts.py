@@ -607,3 +607,29 @@ def test_the_odd_probe_aligns_only_the_sides_a_hopper_backward_kernel_reads_as_r
     gw = probe_for(Problem(4096, 4096, 32, DType.bf16, GW, bias=True), HopperSpec(layout=GW, bias=True))
     assert (gw.m, gw.n, gw.k) == (72, 40, 91) and gw.bias  # dY [K][M] and X [K][N]: K (the batch) stays odd
     assert probe_for(Problem(64, 64, 64, DType.bf16, GI), SimtSpec(layout=GI, dtype="bf16")).n == 45
+
+
+def test_cancelling_sums_are_held_to_their_terms_not_to_their_tiny_total():
+    """A 1x1x1 tf32 forward whose x·w and b nearly cancel: tf32's rounding of x and w (2^-11 of each)
+    is far past 2e-3 of the total, so only the terms' magnitude can judge it; a wrong sum still fails."""
+    from codegen.data import absolute, compare, references
+
+    p = Problem(1, 1, 1, DType.tf32, bias=True)
+    inputs = {"X": np.array([[0.9]], np.float32), "W": np.array([[0.7]], np.float32),
+              "B": np.array([-0.62], np.float32)}
+    ref, scale = references(p, inputs)["Y"], references(p, absolute(p, inputs))["Y"]
+    np.testing.assert_allclose(scale, [[0.9 * 0.7 + 0.62]], rtol=1e-6)
+    rounded = np.float32(0.9 * 0.7 * (1 + 2 ** -11) - 0.62)  # one tf32 rounding of the product
+    assert compare(p, np.array([[rounded]]), ref)[0] == "wrong_result"  # the bare total's bound
+    assert compare(p, np.array([[rounded]]), ref, scale)[0] == "ok"
+    assert compare(p, np.array([[np.float32(0.9 * 0.7 * 1.02 - 0.62)]]), ref, scale)[0] == "wrong_result"
+
+
+def test_bf16_magnitudes_clear_the_sign_bit_and_keep_the_index_arrays():
+    from codegen.data import absolute, to_float64
+
+    p = Problem(2, 2, 2, DType.bf16)
+    x = np.array([0xBF80, 0x3F80, 0xC000], np.uint16)  # -1, 1, -2
+    got = absolute(p, {"X": x, "RP": np.array([0, 1], np.int32)})
+    np.testing.assert_array_equal(to_float64(got["X"], DType.bf16), [1.0, 1.0, 2.0])
+    np.testing.assert_array_equal(got["RP"], [0, 1])

@@ -306,7 +306,10 @@ class SeedKernels:
         for family in order:
             space = space_for(family, problem.dtype, block=problem.block, layout=problem.layout)
             valid = []
-            for i, point in enumerate(seeds(family, problem.block)):
+            points = seeds(family, problem.block, problem.layout)
+            if problem.layout is not Layout.forward:  # then the forward seeds, mapped onto the layout
+                points += [p for p in seeds(family, problem.block) if p not in points]
+            for i, point in enumerate(points):
                 try:
                     spec = space.spec(point, problem)
                 except (KeyError, ValueError, TypeError) as e:

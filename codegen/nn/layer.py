@@ -335,7 +335,10 @@ class Kernels:
 
     def used(self, problem: Problem, device: torch.device | str) -> str | None:
         """What ran ``problem`` on ``device`` so far: the kernel's name, "torch: <reason>", or None
-        (not asked yet)."""
+        (not asked yet). A bare ``cuda`` means the current CUDA device, as a tensor made there says."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         got = self._compiled.get((problem, str(device)))
         if got is None:
             return None
