@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from codegen.nn.timing import L2_FACTOR, MAX_COPIES, MIN_CALLS, MIN_COPIES, calls_for, copies_for, stats
+from codegen.nn.timing import L2_FACTOR, MAX_COPIES, MIN_CALLS, MIN_COPIES, REPS, ROUNDS, calls_for, copies_for, stats
 
 __all__ = ["BATCHES", "L2_FACTOR", "LAYERS", "MAX_COPIES", "MIN_CALLS", "MIN_COPIES", "calls_for", "copies_for",
            "main", "measure", "record", "shapes", "stats"]
@@ -91,8 +91,9 @@ def parser() -> argparse.ArgumentParser:
                     help="run our kernel wherever one is found, also where the bundle's verdict says cuBLAS won")
     ap.add_argument("--shapes", nargs="+", choices=sorted(BATCHES), default=["decode", "prefill"])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    ap.add_argument("--reps", type=int, default=50, help="timed replays of each graph (default 50)")
-    ap.add_argument("--rounds", type=int, default=6, help="alternating rounds of ours and cuBLAS, each first in half of them (default 6)")
+    ap.add_argument("--reps", type=int, default=REPS, help=f"timed replays of each graph (default {REPS})")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"alternating rounds of ours and cuBLAS, each first in half of them (default {ROUNDS})")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the results JSON")
     return ap
 

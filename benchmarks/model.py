@@ -153,7 +153,8 @@ def table(records: list[dict]) -> str:
         ratio = r["ratio"]["dense"]
         lines.append(f"{p['phase']:8s} {p['batch'] * p['tokens']:6d} {r['baselines']['dense']['median_ms']:9.3f} "
                      f"{o['median_ms']:9.3f} {(f'{ratio:.3f}' if ratio else '-'):>6s} {len(o['gemms']['ours']):5d} "
-                     f"{len(o['gemms']['torch']):5d}  {same}")
+                     f"{len(o['gemms']['torch']):5d}  {same}"
+                     + (f"  (control {r['control']['ratio']:.3f})" if "control" in r else ""))
     return "\n".join(lines)
 
 
@@ -253,7 +254,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=DEFAULTS["dtype"])
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the weights and the tokens")
     p.add_argument("--reps", type=int, default=20, help="timed calls per model and phase")
-    p.add_argument("--rounds", type=int, default=6, help="alternating rounds the calls are split into")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating rounds the calls are split into (default: as many as --reps, so the two "
+                        "sides alternate call by call and a drift of the clocks falls on both alike)")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help="skip the control: the dense model timed against a copy of itself, which shows how far "
+                        "the harness alone can tell identical work apart")
     p.add_argument("--tiny", action="store_true", help="a small model of the same structure (hidden 64)")
     p.add_argument("--device", default="cuda", help="where the models run (cpu with --tiny: everything on torch)")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the results JSON")
@@ -268,7 +274,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, TINY_DEFAULTS[name] if args.tiny else DEFAULTS[name])
     for name in ("layers", "vocab", "tokens", "batch", "reps", "rounds"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     if args.device != "cuda" and not args.device.startswith("cuda:") and not args.tiny:
         p.error("--device other than cuda only with --tiny (LLaMA-3-8B's layers on the CPU take minutes per call)")
@@ -298,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_dict(args.layers, args.vocab, args.tiny)
     dense = build(config, seed=args.seed, dtype=args.dtype, device=device)
     ours = replace_linear(copy.deepcopy(dense), kernels)
+    control = copy.deepcopy(dense) if args.control else None
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     ids = torch.randint(0, args.vocab, (args.batch, args.tokens), generator=gen).to(device)
     check = logits_check(dense, ours, ids)
@@ -316,20 +323,27 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for phase in args.phases:
         if phase == "train":
-            dense.train()
-            ours.train()
-        ours_ms, dense_ms = measure(dense, ours, ids, phase, args.reps, args.rounds)
+            for model in (dense, ours, control):
+                if model is not None:
+                    model.train()
+        rounds = args.rounds or args.reps
+        ours_ms, dense_ms = measure(dense, ours, ids, phase, args.reps, rounds)
         gemms = gemm_report(kernels, shapes, phase, device)
         records.append(record(problem(args, phase), ours_ms, dense_ms, gemms, check, info, len(kernels.fallbacks)))
+        if args.control:
+            copy_ms, again_ms = measure(dense, control, ids, phase, args.reps, rounds)
+            records[-1]["control"] = {"ratio": stats(again_ms)["median_ms"] / stats(copy_ms)["median_ms"],
+                                      "dense": stats(again_ms), "copy": stats(copy_ms)}
         print(table(records[-1:]).splitlines()[1], flush=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     doc = {"suite": "model", "date": stamp, "device": name,
            "versions": {**versions(), "torch": torch.__version__, "transformers": transformers.__version__,
                         **extra},
            "command": "python3 -m benchmarks.model " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "timing": {"method": "eager", "reps": args.reps, "rounds": args.rounds,
+           "timing": {"method": "eager", "reps": args.reps, "rounds": args.rounds or args.reps,
                       "note": "CUDA events around each call (prefill: forward under no_grad; train: LM loss forward "
-                              "and backward), the dense model and ours in alternating rounds, each warmed up once"},
+                              "and backward), the dense model and ours in alternating rounds, each warmed up once; "
+                              "a record's control is the dense model against a deep copy of itself, timed alike"},
            "config": config, "bundle": info, "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"model-{re.sub(r'[^A-Za-z0-9]+', '_', name)}-{stamp}.json"

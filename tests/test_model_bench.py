@@ -100,7 +100,11 @@ def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
         assert r["ours"]["check"]["bit_identical"] and r["ours"]["gemms"]["ours"] == {}
         assert all("CUDA GPUs" in why for why in r["ours"]["gemms"]["torch"].values())
     assert len(doc["records"][1]["ours"]["gemms"]["torch"]) == 3 * len(doc["records"][0]["ours"]["gemms"]["torch"])
-    assert "bit-identical" in capsys.readouterr().out
+    for r in doc["records"]:  # the control: the dense model against a copy of itself, timed the same way
+        c = r["control"]
+        assert c["dense"]["reps"] == c["copy"]["reps"] == 2 and c["ratio"] == c["dense"]["median_ms"] / c["copy"]["median_ms"]
+    out = capsys.readouterr().out
+    assert "bit-identical" in out and "(control " in out
 
 
 def test_tune_model_takes_the_factory(capsys, monkeypatch):
@@ -114,6 +118,7 @@ def test_tune_model_takes_the_factory(capsys, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(cli_layer, "run_tuning", lambda args, problems: seen.setdefault("p", problems) and 0)
+    monkeypatch.setattr(cli_layer, "gpu_unless_replay", lambda args: None)  # what would be tuned, on any machine
     path = Path(bench.__file__)
     assert cli.main(["tune-model", f"{path}:llama3_8b_dims", "--batch", "2048", "--family", "hopper"]) == 0
     assert "15 linear layers, 5 distinct shapes at batch 2048" in capsys.readouterr().err
