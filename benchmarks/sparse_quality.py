@@ -17,7 +17,9 @@ pruned by block magnitude (one-shot), and fine-tuned under the pattern.
    parameters), measured one-shot; then each copy fine-tuned for ``--finetune-tokens`` (the same
    budget, the same batches, at every density), the kept blocks learning and the others zero by
    construction (checked after: the dense W of every pruned layer is zero outside the blocks
-   kept at pruning, and the pattern is unchanged), and measured again. The pruned layers run
+   kept at pruning, and the pattern is unchanged), and measured again. Every copy is measured
+   one-shot before the first fine-tune, and its kernels are compared with torch on one batch (the
+   logits and the kept blocks' gradients, relative error). The pruned layers run
    gemmscape's block-sparse kernels where ``--kernels`` has them (default: the families' built-in
    seeds, untuned; on the CPU every GEMM runs torch), else torch; the records count which GEMMs ran
    ours and which torch (with why), and the wall time of each fine-tune (host clock).
@@ -27,7 +29,9 @@ One JSON (DESIGN.md's format, suite ``sparse-quality``) goes to ``--out`` (defau
 as ``sparse-quality-<device>-<UTC date-time>.json``, written after every phase (``complete`` says
 whether all ran). ``--max-seconds`` bounds the whole run: a fine-tune that would not fit in what is
 left (estimated from the last one) is skipped and recorded so, and one running past the budget
-stops and is recorded as cut short. ``--checkpoint FILE`` keeps the pretrained model: a second run
+stops and is recorded as cut short. Exit status: 0 when every phase ran in full, 3 when one was skipped
+or cut short, 130 when interrupted (SIGINT; the JSON keeps what finished), 2 for a usage error or no
+GPU, 1 for an error of ours. ``--checkpoint FILE`` keeps the pretrained model: a second run
 of the same settings and seeds loads it instead of pretraining again.
 """
 
@@ -430,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(table(doc))
     print(f"wrote {study.path}")
-    return 0 if doc["complete"] else 1
+    return 0 if doc["complete"] else 3
 
 
 if __name__ == "__main__":
