@@ -85,7 +85,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def kernel_check(model, x: torch.Tensor, y: torch.Tensor, autocast) -> dict:
-    """One forward and backward of ``model`` on inputs ``x`` and targets ``y`` against a copy of it
+    """One forward and backward of ``model`` on inputs ``x`` and targets ``y`` (under ``autocast()``,
+    a context manager factory) against a copy of it
     whose pruned layers run torch's op on the same blocks: the logits' and the loss's differences and
     the relative error ||ours - torch|| / ||torch|| of the logits and of the kept blocks' gradients.
     Leaves no gradients behind."""
@@ -99,7 +100,7 @@ def kernel_check(model, x: torch.Tensor, y: torch.Tensor, autocast) -> dict:
         quiet.disabled = label == "torch"  # the reference's fallbacks are by design: not logged
         try:
             mdl.zero_grad(set_to_none=True)
-            with autocast:
+            with autocast():
                 logits = mdl(x)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -242,18 +243,18 @@ def pretrained(study: Study, cfg, corpus, steps: int):
     schedule = Schedule(lr=args.lr)
     key = {"config": cfg.__dict__, "steps": steps, "batch": args.batch, "schedule": schedule.__dict__,
            "seeds": {"model": args.model_seed, "data": args.data_seed}, "corpus": corpus.info["sha256"],
-           "holdout_every": args.holdout_every}
+           "holdout_every": args.holdout_every, "compute": study.dtype}
     key = json.loads(json.dumps(key))
     torch.manual_seed(args.model_seed)
     model = TinyGPT(cfg).to(study.device)
     if args.checkpoint and args.checkpoint.is_file():
-        saved = torch.load(args.checkpoint, map_location=study.device, weights_only=False)
+        saved = torch.load(args.checkpoint, map_location=study.device, weights_only=True)
         if saved.get("key") == key:
             model.load_state_dict(saved["state"])
             study.say(f"pretrain: loaded from {args.checkpoint} (same settings and seeds)")
             return model, {**saved["stats"], "loaded_from": str(args.checkpoint)}, schedule
         study.say(f"pretrain: {args.checkpoint} holds other settings; training anew")
-    study.say(f"pretrain: {steps} steps of {args.batch}x{cfg.context} bytes ({steps * args.batch * cfg.context / 1e6:.1f}M tokens)")
+    study.say(f"pretrain: {steps} steps of {args.batch}x{cfg.context} bytes ({millions(steps * args.batch * cfg.context)} tokens)")
     stats = train(model, corpus.train, steps, args.batch, schedule, args.data_seed, label="pretrain",
                   log_every=max(1, steps // 20))
     if args.checkpoint:
@@ -289,9 +290,17 @@ class Phases:
         self.ft_steps = max(1, round(args.finetune_tokens / self.rows))
         self.source, described = kernels_source(args, study.device)
         self.ft_schedule = Schedule(lr=args.finetune_lr, warmup=0.05)
-        self.starts = eval_starts(len(self.corpus.heldout), args.eval_tokens, args.batch, args.context, args.eval_seed)
-        self.autocast = autocast_for(study.device)
+        self.starts = eval_starts(len(self.corpus.heldout), args.eval_tokens, args.batch, args.context,
+                                  args.eval_seed).to(study.device)
+        self.autocast = functools.partial(autocast_for, study.device)
         self.dtype = DTYPES[torch.bfloat16 if study.dtype == "bf16" else torch.float32]
+        configs = len(args.blocks) * len(args.densities)
+        study.say(f"plan: pretrain {millions(self.pre_steps * self.rows)} tokens ({self.pre_steps} steps of "
+                  f"{args.batch}x{args.context}); {configs} pruned copies, each measured one-shot and after "
+                  f"{millions(self.ft_steps * self.rows)} tokens of fine-tuning ({self.ft_steps} steps)"
+                  + (", and the dense control" if args.dense_control else "")
+                  + f"; {millions(len(self.starts) * args.context)} held-out bytes per measurement; kernels: {described}"
+                  + (f"; budget {args.max_seconds:g} s" if args.max_seconds else ""))
         study.doc.update(corpus=info, kernels=described,
                          seeds={"model": args.model_seed, "data": args.data_seed, "finetune": args.finetune_seed,
                                 "eval": args.eval_seed},

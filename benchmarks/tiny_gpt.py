@@ -193,7 +193,7 @@ def _sync(device: torch.device) -> None:
 def train(model: nn.Module, data: torch.Tensor, steps: int, batch: int, schedule: Schedule, seed: int, *,
           label: str = "train", log_every: int | None = None, deadline: float | None = None, out=print) -> dict:
     """``steps`` AdamW steps of ``batch`` random windows of ``data`` (on the model's device), drawn by
-    a generator seeded with ``seed``. Prints a line every ``log_every`` steps (mean loss, tokens/s,
+    a CPU generator seeded with ``seed``. Prints a line every ``log_every`` steps (mean loss, tokens/s,
     time left); stops early past ``deadline`` (time.monotonic()). Returns the steps and tokens run,
     the wall seconds (the first step's apart: it loads kernels), tokens/s after the first step, and
     the mean loss of the first and the last logged stretch."""
@@ -203,7 +203,9 @@ def train(model: nn.Module, data: torch.Tensor, steps: int, batch: int, schedule
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": schedule.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=schedule.lr, betas=schedule.betas, **({"fused": True} if device.type == "cuda" else {}))
-    gen = torch.Generator().manual_seed(seed)
+    # every step's windows drawn up front on the CPU (the same on any device), moved once: no copy per step
+    starts = torch.randint(0, len(data) - context - 1, (steps, batch),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
     log_every = log_every or max(1, steps // 10)
     model.train()
     running, logged, losses = torch.zeros((), device=device), 0, []
@@ -216,7 +218,7 @@ def train(model: nn.Module, data: torch.Tensor, steps: int, batch: int, schedule
             break
         for g in opt.param_groups:
             g["lr"] = schedule.lr_at(step, steps)
-        x, y = windows(data, torch.randint(0, len(data) - context - 1, (batch,), generator=gen), context)
+        x, y = windows(data, starts[step], context)
         with autocast_for(device):
             logits = model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
