@@ -193,8 +193,9 @@ class Study:
             extra["sm"] = "sm_{}{}".format(*torch.cuda.get_device_capability(self.device))
             try:
                 from codegen.compile import nvrtc_version
+                from codegen.cuda import _driver_release
 
-                extra["nvrtc"] = nvrtc_version()
+                extra.update(nvrtc=nvrtc_version(), driver=_driver_release())
             except Exception as e:  # no NVRTC here: our kernels cannot build, torch runs them (recorded per GEMM)
                 extra["nvrtc"] = f"unavailable: {type(e).__name__}"
         self.doc = {"suite": SUITE, "date": stamp, "device": name,
