@@ -24,6 +24,12 @@ Every row names its JSON file, the device, the date of the run and the timing me
   graph, time per call (``benchmarks.engine``; the method for claims at small batches).
 - ``eager (whole model)``: ``benchmarks.model``'s records, a whole model's prefill or train step
   called eagerly between CUDA events, warm, the dense model and ours in alternating rounds.
+- ``quality (held-out bits/byte)``: ``benchmarks.sparse_quality``'s records, no timing at all: the
+  held-out bits per byte of a model, dense, pruned and fine-tuned.
+
+A table of ``WHEN_MEASURED`` stands on its page only once a result file of its kind is committed:
+the first run of this command after that puts its section (heading, prose, markers) on the page,
+before the heading named there, and fills it as any other.
 
 A result file may carry a ``caveat`` (what its figures must be read with): it is printed under
 the file's table.
@@ -41,6 +47,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +73,8 @@ def _load(results: Path, name: str) -> dict:
 def timing_of(doc: dict, record: dict) -> str:
     """The timing method of ``record`` in ``doc`` (see the module: records naming none are cold_single)."""
     own = record.get("timing")
+    if doc.get("suite") == "sparse-quality":
+        return "quality (held-out bits/byte)"
     if doc.get("suite") == "model":
         return f"{own} (whole model)"
     if own in ("cold_single", "engine"):
@@ -367,12 +376,106 @@ def default_search(results: Path, base: str) -> str:
                   "each family alone, same budget (TFLOP/s)", "of the best family alone", *TAIL], rows)
 
 
+def sparse_quality(results: Path, base: str) -> str:
+    """benchmarks.sparse_quality's files: per block and density the dense model's held-out bits/byte,
+    one-shot, fine-tuned, and the dense model fine-tuned with the same tokens (the control)."""
+    files = sorted(p.name for p in results.glob(QUALITY_FILES))
+    if not files:
+        return "No result of `python3 -m benchmarks.sparse_quality` is committed.\n"
+    rows = []
+    for name in files:
+        doc = _load(results, name)
+        m, tokens = doc["model"], doc["tokens"]
+        what = f"{m['layers']}×{m['width']} byte GPT, {count(tokens['pretrain'])} tokens"
+        by: dict = {}
+        for r in doc["records"]:
+            by.setdefault((r["problem"]["block"], r["problem"]["density"]), {})[r["problem"]["phase"]] = r
+        control = by.get((None, 1.0), {}).get("fine-tuned")
+        for (block, density), phases in sorted(by.items(), key=lambda kv: (-(kv[0][0] or 0), -kv[0][1])):
+            if block is None:
+                continue
+            one, tuned = phases.get("one-shot"), phases.get("fine-tuned")
+            gemms = (tuned or {}).get("ours", {}).get("gemms")
+            rows.append([what, str(block), f"{density:.2f}", f"{doc['dense']['bits_per_byte']:.4f}", bits(one),
+                         bits(tuned), bits(control), count(tokens["finetune_per_config"]),
+                         f"{gemms['ours']} / {gemms['torch']}" if gemms else "–", *source(doc, one or tuned, name, base)])
+    return table(["model, pretraining", "block", "density of the MLP layers", "dense bits/byte", "one-shot",
+                  "fine-tuned", "dense fine-tuned alike", "fine-tune tokens", "fine-tune GEMMs ours / torch", *TAIL],
+                 rows) + caveats(results, files, base)
+
+
+def count(tokens: int) -> str:
+    """A token count in M (k below 100k)."""
+    return f"{tokens / 1e6:.3g}M" if tokens >= 100_000 else f"{tokens / 1e3:.3g}k"
+
+
+def bits(record: dict | None) -> str:
+    """A record's held-out bits/byte, or what stopped it."""
+    if record is None:
+        return "–"
+    ours = record["ours"]
+    if ours["status"] == "skipped" or ours.get("bits_per_byte") is None:
+        return f"– ({ours['status']})"
+    cut = f" (cut short at {count(ours['finetune']['tokens'])} tokens)" if ours["status"] == "cut_short" else ""
+    return f"{ours['bits_per_byte']:.4f}{cut}"
+
+
 TABLES: dict[str, Callable[[Path, str], str]] = {
     "headline": headline, "hopper": hopper, "tensorcore": tensorcore, "simt": simt, "sparse-bf16": sparse_bf16,
     "sparse-fp32": sparse_fp32, "sparse-break-even": sparse_break_even, "layer": layer,
     "search-targets": search_targets, "search-quality": search_quality, "engine": engine, "model": model,
     "default-search": default_search,
 }
+
+QUALITY_FILES = "sparse-quality-*.json"
+
+
+@dataclass(frozen=True)
+class WhenMeasured:
+    """A table its page carries only once a result file matching ``files`` is committed: ``section``
+    (heading and prose) and its markers go before the line ``before`` of ``page`` (at the end without it)."""
+
+    make: Callable[[Path, str], str]
+    files: str
+    page: str
+    before: str
+    section: str
+
+
+WHEN_MEASURED: dict[str, WhenMeasured] = {
+    "sparse-quality": WhenMeasured(sparse_quality, QUALITY_FILES, "docs/measurements.md",
+                                   "## The linear layer (`codegen.nn`) against `nn.Linear`", """\
+### Block sparsity: quality
+
+What pruning costs in quality, and what fine-tuning under the pattern wins back: the held-out bits
+per byte (lower is better) of a small byte-level GPT trained from scratch on Python's standard
+library sources (a share of the files held out: every 20th by default), its MLP layers pruned by block magnitude to
+`BlockSparseLinear`, measured at once (one-shot) and after fine-tuning with the pattern fixed, the
+same tokens at every density. "Dense fine-tuned alike" is the dense model trained on those same
+tokens: the fine-tuned rows' fair comparison. `python3 -m benchmarks.sparse_quality` measures it
+(`benchmarks/device/sparse_quality.sh` on a lent GPU); its JSON also holds the wall time of each
+fine-tune and the check that every pruned block stayed zero.
+"""),
+}
+
+
+def tables(results: Path = RESULTS) -> dict[str, Callable[[Path, str], str]]:
+    """The tables the pages carry with the result files in ``results``: every one of ``TABLES``, and
+    those of ``WHEN_MEASURED`` whose files are there."""
+    return {**TABLES, **{name: w.make for name, w in WHEN_MEASURED.items() if any(results.glob(w.files))}}
+
+
+def place(text: str, page: str, results: Path = RESULTS) -> str:
+    """``text`` of ``page`` (its path from the root) with the section of each ``WHEN_MEASURED`` table
+    of that page whose files are in ``results`` and whose markers it lacks put in, empty, to be filled."""
+    for name, w in WHEN_MEASURED.items():
+        if w.page != page or f"<!-- measurements:{name} begin" in text or not any(results.glob(w.files)):
+            continue
+        block = (f"{w.section}\n<!-- measurements:{name} begin (generated by python3 -m benchmarks.measurements "
+                 f"from benchmarks/results/; do not edit) -->\n{END.format(name=name)}\n\n")
+        at = text.find(f"\n{w.before}\n")
+        text = text.rstrip("\n") + "\n\n" + block.rstrip("\n") + "\n" if at < 0 else text[:at + 1] + block + text[at + 1:]
+    return text
 
 
 # ---- filling the files ---------------------------------------------------------------------------
@@ -383,12 +486,13 @@ def fill(text: str, base: str, results: Path = RESULTS) -> str:
         if begin.start() < pos:
             continue
         name = begin.group(1)
-        if name not in TABLES:
-            raise KeyError(f"benchmarks.measurements: no table named {name!r} (known: {', '.join(TABLES)})")
+        known = {**TABLES, **{n: w.make for n, w in WHEN_MEASURED.items()}}
+        if name not in known:
+            raise KeyError(f"benchmarks.measurements: no table named {name!r} (known: {', '.join(known)})")
         end = text.find(END.format(name=name), begin.end())
         if end < 0:
             raise ValueError(f"benchmarks.measurements: the table {name!r} has no end marker")
-        out += [text[pos:begin.end()], TABLES[name](results, base)]
+        out += [text[pos:begin.end()], known[name](results, base)]
         pos = end
     out.append(text[pos:])
     return "".join(out)
@@ -405,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     for rel, base in TARGETS.items():
         path = args.root / rel
         old = path.read_text()
-        new = fill(old, base, args.results)
+        new = fill(place(old, rel, args.results), base, args.results)
         if new != old:
             stale.append(rel)
             if not args.check:
