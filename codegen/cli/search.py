@@ -294,7 +294,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", folder=False)
     try:
         space = space_for(family, problem.dtype, restricted=args.space, block=problem.block,
-                          layout=problem.layout)
+                          layout=problem.layout, sparsity=problem.sparsity)
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_cache()

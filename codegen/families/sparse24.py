@@ -30,7 +30,7 @@ from codegen.launch import (
     workspace_bytes,
 )
 from codegen.problem import DType, Problem
-from codegen.sparse24 import K_ALIGN, M16N8K32_ROWS
+from codegen.sparse24 import K_ALIGN, M16N8K32_ROWS, padded_k
 from codegen.spec import (
     DeviceLimits,
     SpecData,
@@ -218,6 +218,16 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
 def headers(spec: Spec) -> list[str]:
     """Toolkit headers the source includes beyond the element type's (none)."""
     return []
+
+
+def manifest_sparse(spec: Spec, problem: Problem) -> dict:
+    """What an export manifest says of the 2:4 W's arguments for ``problem`` (its ``sparse``)."""
+    kp = padded_k(problem.k)
+    return {"format": "2:4", "density": problem.density, "arguments": SP24_ARGS_NOTE,
+            "operands": {"WC": {"shape": [problem.n, kp // 2], "element_type": "the element type"},
+                         "WE": {"shape": [-(-problem.n // M16N8K32_ROWS), kp // K_ALIGN, META_WORDS],
+                                "element_type": "uint32"}},
+            "made_by": "codegen.sparse24: compress(W) (or compress(W, mask24(W)) to prune), then metadata_m16n8k32"}
 
 
 def grid_rule(spec: Spec) -> str:
