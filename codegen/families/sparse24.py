@@ -65,7 +65,11 @@ MMA_SP_PTX = {
 
 @dataclass(frozen=True)
 class Spec(SpecData):
-    """One 2:4 sparse tensor-core GEMM variant; its generated ``name`` is its identity."""
+    """One 2:4 sparse tensor-core GEMM variant; its generated ``name`` is its identity.
+
+    The defaults (8 warps of 32x32) keep register headroom: about 155 registers and no spills under
+    NVRTC 13.0 for sm_80 and sm_90. Registers grow with the k-tile's depth (each of its k-steps'
+    operands is loaded ahead); a k-tile of 256 under small warp tiles can spill."""
 
     dtype: DType = DType.bf16
     bias: bool = False
@@ -73,7 +77,7 @@ class Spec(SpecData):
     bn: int = field(default=128, metadata={"help": "block tile rows of W, columns of Y (N)"})
     bk: int = field(default=64, metadata={"help": "k-tile depth in W's dense columns (32 to 256)"})
     wm: int = field(default=32, metadata={"help": "warp tile rows of X (a multiple of 8)"})
-    wn: int = field(default=64, metadata={"help": "warp tile rows of W (a multiple of 16)"})
+    wn: int = field(default=32, metadata={"help": "warp tile rows of W (a multiple of 16)"})
     stages: int = field(default=4, metadata={"help": "cp.async pipeline depth (2-16)"})
     smem: str = field(default="swizzle", metadata={"choices": LAYOUTS, "help": "shared tile layout"})
     epilogue: str = field(default="smem", metadata={"choices": EPILOGUES, "help": "output stores"})
