@@ -246,7 +246,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
     best = summary.best
     say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
         f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
-    if problem.sparse:
+    if problem.sparse or problem.structured:
         say(f"  problem {describe_problem(problem)}")
     for line in summary.describe():
         say(f"  {line}")
