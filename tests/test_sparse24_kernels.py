@@ -2,7 +2,8 @@
 search space and which families fit a 2:4 problem, launch plans and manifests, kernels run by the
 CPU emulation (tests/cpu_cuda.py, mma.sp emulated as the PTX ISA describes it) against float64 on
 odd shapes, an export run from its manifest alone, and NVRTC builds for sm_80 and sm_90 whose SASS
-holds the sparse HMMA and no spills (run under NVRTC 13.0 too, the device's: see docs/testing.md).
+holds the sparse HMMA and no spills (these specs build spill-free under NVRTC 13.0, the GPU's, as
+under the newer one the test environment may have).
 The GPU tier runs the kernels for real: tests/gpu/test_sparse24.py."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ shares), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, 
 ``compile_target(arch)`` (the -arch NVRTC gets on a device of ``arch``, e.g. sm_90 -> sm_90a for
 arch-specific instructions) and ``sampled_defaults(block)`` (the variant fields a command line leaves
 unset take for the weight gradient of a block-sparse W, where the family generates it) and
-``SPARSITIES`` (the structured sparsities of W it computes, e.g. ("2:4",); without it, none).
+``SPARSITIES`` (the structured sparsities of W it computes, e.g. ("2:4",); without it, none) with
+``manifest_sparse(spec, problem)`` (what an export manifest says of that W's operands).
 Everything outside the family finds it here and never names its fields.
 """
 
