@@ -79,6 +79,15 @@ def test_a_family_without_2_4_variants_is_refused_in_one_line(capsys, db, defaul
                  "the sparse24 family computes a 2:4 sparse W only", default=default_store)
 
 
+def test_a_recording_of_a_dense_w_does_not_answer_for_a_2_4_one(capsys, db, default_store):
+    from tests.test_cli_errors import RECORDING
+
+    url, path = db
+    assert_usage(["search", "--replay", str(RECORDING), "--sparsity", "2:4", "--budget", "3", "--db", url], capsys,
+                 "--sparsity 2:4 does not match", "which records 4096x4096x4096_fp32_forward", db_path=path,
+                 default=default_store)
+
+
 def test_the_2_4_problem_of_the_options(w24, tmp_path, capsys):
     assert options.problem_from_args(parse(["search", *ODD, "--sparsity", "2:4", "--bias"])) == \
         Problem(130, 264, 136, DType.bf16, bias=True, sparsity="2:4")
