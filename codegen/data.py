@@ -38,8 +38,15 @@ def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
     (codegen.problem.Layout): forward X[M,K], W[N,K] (+ B[N]); grad_input dY[M,K], W[K,N] (a
     block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI); grad_weight dY[K,M], X[K,N]
     (with a block-sparse W, also its RP and CI: dW is sampled at its kept blocks).
-    A block-sparse forward W is the codegen.sparse blocks (``random_inputs``)."""
+    A block-sparse forward W is the codegen.sparse blocks (``random_inputs``); a 2:4 W is WC, its kept
+    halves [N, KP/2], and WE, their positions as mma.sp m16n8k32 reads them (codegen.sparse24)."""
     m, n, k = problem.m, problem.n, problem.k
+    if problem.structured:  # a 2:4 W as its kept halves and their metadata (codegen.sparse24)
+        from codegen import sparse24
+
+        kp = sparse24.padded_k(k)
+        return {"X": (m, k), "WC": (n, kp // 2), "WE": (-(-n // sparse24.M16N8K32_ROWS), kp // sparse24.K_ALIGN, 16),
+                **({"B": (n,)} if problem.bias else {})}
     if problem.layout is Layout.grad_weight and problem.sparse:
         return {"DY": (k, m), "X": (k, n), "RP": (-(-m // problem.block) + 1,), "CI": (problem.nnzb,)}
     if problem.layout is Layout.grad_input and problem.sparse:  # Wᵀ's kept blocks in BSR, with its index arrays
@@ -70,9 +77,12 @@ def output_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
 
 def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The layout's inputs (``input_shapes``) uniform in [-1, 1), in storage format. Never zeros.
+    A 2:4 W is pruned from a random one by magnitude and comes compressed (WC, WE; codegen.sparse24).
     A block-sparse W comes as its kept blocks ``W[nnzb, block, block]`` (zero past N and K) with
     ``RP`` and ``CI``, the BSR index arrays of its registered pattern (codegen.sparse)."""
     p = problem
+    if p.structured:
+        return _random_24(p, rng)
     if p.layout is Layout.grad_input and p.sparse:
         from codegen import sparse
 
@@ -107,9 +117,28 @@ def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.nd
     return out
 
 
+def _random_24(p: Problem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs of a 2:4 problem: X, a random W magnitude-pruned to 2:4 and compressed (WC, WE), B."""
+    from codegen import sparse24
+
+    w = rng.uniform(-1, 1, (p.n, p.k)).astype(np.float32)
+    packed = sparse24.compress(w, sparse24.mask24(w))
+    out = {"X": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
+           "WC": to_storage(packed.values, p.dtype), "WE": sparse24.metadata_m16n8k32(packed)}
+    if p.bias:
+        out["B"] = to_storage(rng.uniform(-1, 1, p.n).astype(np.float32), p.dtype)
+    return out
+
+
 def dense_w(problem: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """W as a dense array in storage format (a block-sparse W expanded, zeros elsewhere): [N, K] in
-    the forward layout, the layer's [K, N] (out x in) in grad_input."""
+    the forward layout, the layer's [K, N] (out x in) in grad_input. A 2:4 W is decompressed from
+    WC and WE (zeros where nothing is kept)."""
+    if problem.structured:
+        from codegen import sparse24
+
+        positions = sparse24.positions_from_m16n8k32(inputs["WE"], problem.n)
+        return sparse24.decompress(sparse24.Compressed(inputs["WC"], positions, problem.k))
     if not problem.sparse:
         return inputs["W"]
     from codegen import sparse

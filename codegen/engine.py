@@ -27,7 +27,7 @@ from codegen.data import (
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Layout, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS", "CT", "RP", "CI", "DX", "DY", "DW", "DB", "WT")
+POINTERS = ("Y", "X", "W", "B", "WS", "CT", "RP", "CI", "DX", "DY", "DW", "DB", "WT", "WC", "WE")
 FLUSH_BYTES = 256 << 20
 
 
@@ -57,6 +57,16 @@ def launch_failure(e: CudaError, stage: str, symbol: str, smem: int) -> Exceptio
     if e.code in RESOURCE_ERRORS or (stage == "function" and e.code == "CUDA_ERROR_INVALID_VALUE"):
         return Failure("launch_out_of_resources", what)  # shared memory over the opt-in limit is refused here
     return Failure("runtime_error", f"launch refused: {what}")
+
+
+def _semi_structured(F, x, w, b):
+    """The timed call of ``F.linear`` on ``w`` (2:4 sparse already) as torch's semi-structured tensor
+    on cuSPARSELt (not its CUTLASS kernels); torch refuses shapes cuSPARSELt cannot take."""
+    from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+    SparseSemiStructuredTensor._FORCE_CUTLASS = False
+    w24 = to_sparse_semi_structured(w)
+    return lambda: F.linear(x, w24, b)
 
 
 class Operands:
@@ -223,7 +233,8 @@ class Engine:
 
     def prepare(self, problem: Problem, baseline: bool, timing: dict, patterns: dict | None = None) -> dict:
         """Inputs, float64 reference (cached per problem) and, if asked and torch is there, the
-        baselines: cuBLAS, and for a block-sparse W also torch's BSR matmul and 2:4 cuSPARSELt."""
+        baselines: cuBLAS, for a block-sparse W also torch's BSR matmul and 2:4 cuSPARSELt, for a 2:4
+        W cuSPARSELt on the same W."""
         for d in (patterns or {}).values():
             sparse.register(sparse.Pattern.from_dict(d))
         self.operands_for(problem)
@@ -263,6 +274,8 @@ class Engine:
         notes = []
         if problem.sparse and problem.layout is Layout.forward:
             runs.update(self._sparse_runs(problem, torch, F, x, w, b, notes))
+        elif problem.structured:  # cuBLAS above multiplies the same W dense (its pruned half zero)
+            runs["cusparselt"] = lambda: _semi_structured(F, x, w, b)
         out: dict = {}
         for name, make in runs.items():
             try:
@@ -299,12 +312,8 @@ class Engine:
             runs["torch_bsr"] = bsr
         if problem.dtype in (DType.fp16, DType.bf16):
             def semi_structured():
-                from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
-
-                SparseSemiStructuredTensor._FORCE_CUTLASS = False  # cuSPARSELt, not the CUTLASS kernels
                 keep = torch.tensor([1, 1, 0, 0], dtype=w.dtype, device=w.device).repeat(problem.n, problem.k // 4)
-                w24 = to_sparse_semi_structured(torch.rand_like(w) * keep)
-                return lambda: F.linear(x, w24, b)
+                return _semi_structured(F, x, torch.rand_like(w) * keep, b)
 
             runs["cusparselt"] = semi_structured
         return runs

@@ -47,13 +47,13 @@ def blank_result(status: str, evidence: str) -> dict:
 
 def probe_for(problem: Problem, spec: KernelSpec | None = None) -> Problem:
     """The odd-shape problem every evaluation of ``problem``'s kernels also runs (for a block-sparse
-    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern). Where ``spec``
+    W, on a small pattern with an empty block row: codegen.sparse.probe_pattern; a 2:4 W stays 2:4). Where ``spec``
     refuses PROBE, the first shape it takes with the fewest sides from PROBE_ALIGNED, K first (a
     kernel that reads 16-byte rows through TMA: X's in the forward layout, dY's and W's or X's, along
     M or N, in the backward ones); PROBE itself when it takes none."""
 
     def at(m: int, n: int, k: int) -> Problem:
-        dense = Problem(m, n, k, problem.dtype, problem.layout, problem.bias)
+        dense = Problem(m, n, k, problem.dtype, problem.layout, problem.bias, sparsity=problem.sparsity)
         if problem.sparse:  # the pattern is of the layer's W [out, in] (Problem.w_shape); the batch is the rest
             batch = k if problem.layout is Layout.grad_weight else m
             return sparse.problem_for(batch, sparse.probe_pattern(*dense.w_shape, problem.block), problem.dtype,

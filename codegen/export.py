@@ -29,7 +29,8 @@ MEASURED_KEYS = ("median_ms", "p20_ms", "p80_ms", "tflops", "gbps", "rel_error",
 
 #: What the arguments of each layout's kernels hold (problem M, N, K as codegen.problem.Layout says).
 ARGUMENTS = {
-    Layout.forward: "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias",
+    Layout.forward: "Y[M,N] = X[M,K] * W[N,K]^T (+ B[N]), row-major; B may be null without bias; a 2:4 W is "
+                    "passed as WC and WE (see sparse)",
     Layout.grad_input: "DX[M,N] = DY[M,K] * W[K,N], row-major (M batch, N in features, K out features); B is null; "
                        "a block-sparse W is read as WT, Wᵀ in BSR (see sparse)",
     Layout.grad_weight: "DW[M,N] = DY[K,M]^T * X[K,N], row-major (M out features, N in features, K batch); B is "
@@ -102,6 +103,7 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
         "problem": problem.to_dict(),
         **({"sparse": {"format": "BSR", "block": block, "arguments": bsr_args(problem.layout, block),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
+        **({"sparse": family_of(spec).manifest_sparse(spec, problem)} if problem.structured else {}),
         "measured": measured,
     }
 

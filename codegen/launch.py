@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from codegen.spec import KernelSpec
 
 __all__ = [
-    "ARG_TYPES", "BSR_ARGS", "COUNTER_ARG", "BSR_GI_ARGS", "BSR_GW_ARGS", "bsr_args", "sampled_blocks", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
+    "ARG_TYPES", "BSR_ARGS", "SP24_ARGS", "SP24_ARGS_NOTE", "COUNTER_ARG", "BSR_GI_ARGS", "BSR_GW_ARGS", "bsr_args", "sampled_blocks", "DB_ARGS", "DB_COLS", "DB_ROWS", "LAYOUT_SLOTS", "MAIN_ARGS", "SPARSE_ARGS", "REDUCE_ARGS", "REDUCE_THREADS", "PACK_ARGS", "PACK_THREADS",
     "TENSOR_MAP_TYPE", "KernelLaunch", "LaunchPlan", "TensorMapArg", "db_launch", "db_rule", "grid_rule", "launched_grid",
     "layout_args",
     "pack_launch", "pack_rule", "pack_symbol",
@@ -44,6 +44,8 @@ ARG_TYPES = {
     "DB": "T*",
     "DY": "const T*",
     "WT": "const T*",
+    "WC": "const T*",
+    "WE": "const unsigned*",
 }
 MAIN_ARGS = ("Y", "X", "W", "B", "WS", "M", "N", "K")
 #: A split-K whose last split sums the tile takes its tile counters (CT) after the workspace.
@@ -73,6 +75,18 @@ BSR_GW_ARGS = ("DW receives dW at the kept blocks of W[M,N] only, as W's BSR val
 BSR_ARGS = ("W holds the kept blocks of W[N,K] in BSR order, [nnzb][{block}][{block}] row-major, 16-byte aligned, "
             "blocks past N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row; "
             "CI[nnzb] (int32) the block columns kept, ascending in each row")
+#: The main kernel's arguments when W is 2:4 sparse: its kept halves WC in W's slot, their metadata WE
+#: after WS (codegen.sparse24).
+SP24_ARGS = ("Y", "X", "WC", "B", "WS", "WE", "M", "N", "K")
+#: What a 2:4 kernel's WC and WE hold, for export manifests (codegen.sparse24.compress, metadata_m16n8k32).
+SP24_ARGS_NOTE = (
+    "W[N,K] is 2:4 sparse along K (at most two non-zeros in each group of four columns 4j..4j+3; K padded with "
+    "zeros to KP = ceil(K/32)*32). WC[N][KP/2] holds each group's two kept values in order of K (a group with "
+    "fewer non-zeros keeps zeros at its lowest other positions), row-major, 16-byte aligned. WE[ceil(N/16)][KP/32]"
+    "[16] (uint32) holds their positions as mma.sp.sync m16n8k32 reads them with sparsity selector 0: word "
+    "[b][s][2g+h] covers rows 16b+g (bits 15..0) and 16b+g+8 (bits 31..16), columns 32s+16h..32s+16h+15, four "
+    "bits per group of four (group q of the 16 columns in bits 4q+3..4q: first kept position in the low two bits, "
+    "second in the high two, ascending); rows past N are coded 0b0100 (positions 0 and 1)")
 REDUCE_ARGS = ("Y", "B", "WS", "M", "N")
 REDUCE_THREADS = 256
 #: The pack prepass's arguments (templates/common.cuh.j2, pack_kernel).

@@ -7,6 +7,10 @@ W is dense, or block-sparse: ``block`` > 0 names the size of its square blocks, 
 fraction kept and ``pattern`` the hash of which ones (codegen.sparse holds the pattern itself). The
 weight gradient of a block-sparse W is sampled at its pattern: dW only at the kept blocks, written
 as the values array of W's BSR form (``codegen.sparse``), since the other blocks stay zero.
+Or W is 2:4 structured-sparse (``sparsity="2:4"``): in each group of four along K two elements are
+kept (density 0.5), which sparse tensor cores multiply at twice the rate; the kernels take W as its
+kept halves and their 2-bit positions (codegen.sparse24). Which two are kept does not change the
+time, so the problem names no pattern.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class DType(str, enum.Enum):
         return {DType.fp32: 5e-5, DType.tf32: 2e-3, DType.fp16: 2e-3, DType.bf16: 1e-2}[self]
 
 
+#: Structured sparsities of W a problem may name ("" : none), with what the key adds for each.
+SPARSITIES = {"": "", "2:4": "_sp24"}
+#: The fraction of W each structured sparsity keeps.
+SPARSITY_DENSITY = {"2:4": 0.5}
+
+
 class Layout(str, enum.Enum):
     """Which GEMM of the linear layer, and so how its operands are stored (all row-major)."""
 
@@ -54,6 +64,7 @@ class Problem:
     block: int = 0  # 0: dense W; else the side of W's square blocks (BSR)
     density: float = 1.0  # fraction of W's blocks kept
     pattern: str = ""  # hash of the kept blocks (codegen.sparse.Pattern.hash)
+    sparsity: str = ""  # "2:4": W keeps two of each four along K (codegen.sparse24); "": no structure
 
     def __post_init__(self) -> None:
         for field in ("m", "n", "k"):
@@ -68,15 +79,44 @@ class Problem:
         if self.layout is Layout.grad_input and self.bias:
             raise ValueError("the grad_input layout has no bias (db = sum of dY comes with grad_weight)")
         object.__setattr__(self, "density", float(self.density))
-        if self.block == 0 and (self.density != 1.0 or self.pattern):
+        if self.sparsity:
+            self._check_sparsity()
+        elif self.block == 0 and (self.density != 1.0 or self.pattern):
             raise ValueError("a dense problem (block 0) has density 1 and no pattern")
         if self.block and not (0.0 <= self.density <= 1.0 and self.pattern):
             raise ValueError(f"a block-sparse problem needs a density in [0, 1] and a pattern hash, got "
                              f"density={self.density!r}, pattern={self.pattern!r}")
 
+    def _check_sparsity(self) -> None:
+        """A structured-sparse W: fp16 or bf16 (the sparse tensor cores' types), the forward GEMM, no
+        blocks, no pattern; its density is the sparsity's (given as 1 it is set)."""
+        if self.sparsity not in SPARSITIES:
+            raise ValueError(f"sparsity must be one of {', '.join(s for s in SPARSITIES if s)} (or none), "
+                             f"got {self.sparsity!r}")
+        if self.dtype not in (DType.fp16, DType.bf16):
+            raise ValueError(f"{self.sparsity} sparsity runs on sparse tensor cores in fp16 or bf16, not "
+                             f"{self.dtype.value}: choose --dtype bf16 or fp16")
+        if self.block or self.pattern:
+            raise ValueError(f"a W is either {self.sparsity} sparse or block-sparse, not both: drop --block or "
+                             f"--sparsity")
+        if self.layout is not Layout.forward:
+            raise ValueError(f"{self.sparsity} sparsity is generated for the forward layout only, not "
+                             f"{self.layout.value} (the backward GEMMs of a {self.sparsity} layer are dense or need "
+                             f"a transposable mask)")
+        density = SPARSITY_DENSITY[self.sparsity]
+        if self.density not in (1.0, density):
+            raise ValueError(f"{self.sparsity} sparsity keeps {density:g} of W, not {self.density:g}")
+        object.__setattr__(self, "density", density)
+
     @property
     def sparse(self) -> bool:
+        """Whether W is block-sparse (a BSR pattern; ``structured`` says whether it is 2:4)."""
         return self.block > 0
+
+    @property
+    def structured(self) -> bool:
+        """Whether W has a structured sparsity (``sparsity``, e.g. 2:4)."""
+        return bool(self.sparsity)
 
     @property
     def w_shape(self) -> tuple[int, int]:
@@ -99,18 +139,21 @@ class Problem:
         """Stable text identity, used by the store and file names."""
         bias = "_bias" if self.bias else ""
         sparse = f"_bsr{self.block}_d{self.density:.4g}_{self.pattern[:8]}" if self.sparse else ""
-        return f"{self.m}x{self.n}x{self.k}_{self.dtype.value}_{self.layout.value}{bias}{sparse}"
+        return (f"{self.m}x{self.n}x{self.k}_{self.dtype.value}_{self.layout.value}{bias}{sparse}"
+                f"{SPARSITIES[self.sparsity]}")
 
     @property
     def flops(self) -> float:
-        """The useful work: 2·M·N·K, times the density of kept blocks for a block-sparse W."""
+        """The useful work: 2·M·N·K, times the density of kept blocks for a block-sparse W (or of kept
+        elements for a 2:4 W)."""
         return 2.0 * self.m * self.n * self.k * self.density
 
     @property
     def min_bytes(self) -> float:
         """Each input read once (W's kept blocks only, with their 4-byte column indices), the output
         written once; the bias is b[N] read (forward) or db[M] written (grad_weight). A weight
-        gradient sampled at a block-sparse W reads dY and X whole and writes the kept blocks."""
+        gradient sampled at a block-sparse W reads dY and X whole and writes the kept blocks. A 2:4
+        W is read as its kept half with 2 bits of position per kept element."""
         bias = (self.m if self.layout is Layout.grad_weight else self.n) if self.bias else 0
         if self.sparse and self.layout is Layout.grad_weight:
             w = self.m * self.n * self.density
@@ -118,18 +161,20 @@ class Problem:
         else:
             w = self.n * self.k * self.density
             elems = self.m * self.k + w + self.m * self.n + bias
-        index = 4 * w / (self.block * self.block) if self.sparse else 0.0
+        index = 4 * w / (self.block * self.block) if self.sparse else w / 4 if self.structured else 0.0
         return float(elems * self.dtype.itemsize + index)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["dtype"] = self.dtype.value
         d["layout"] = self.layout.value
+        if not self.sparsity:  # the dict of a problem without one is as it was before sparsities existed
+            del d["sparsity"]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
-        names = ("m", "n", "k", "dtype", "layout", "bias", "block", "density", "pattern")
+        names = ("m", "n", "k", "dtype", "layout", "bias", "block", "density", "pattern", "sparsity")
         return cls(**{k: d[k] for k in names if k in d and d[k] is not None})
 
 

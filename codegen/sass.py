@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["SassError", "disassemble", "functions", "global_load_widths", "nvdisasm_path", "opcodes"]
+__all__ = ["SassError", "disassemble", "functions", "global_load_widths", "mnemonics", "nvdisasm_path", "opcodes"]
 
 _MISSING = (
     "nvdisasm not found: install the pip package nvidia-cuda-nvdisasm "
@@ -122,3 +122,16 @@ def opcodes(sass: str, function: str | None = None) -> collections.Counter[str]:
     if function is not None:
         sass = functions(sass)[function]
     return collections.Counter(m.group(1).upper() for line in sass.splitlines() if (m := _OPCODE.match(line)))
+
+
+#: An instruction's full mnemonic, modifiers included: ``HMMA.SP.16832.F32.BF16``.
+_MNEMONIC = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.IGNORECASE)
+
+
+def mnemonics(sass: str, function: str | None = None, opcode: str | None = None) -> collections.Counter[str]:
+    """Static count of each full mnemonic (``HMMA.SP.16832.F32.BF16``: the sparse MMA of m16n8k32 in
+    bf16), of all of ``sass`` or of one function's code section; with ``opcode``, only that opcode's."""
+    if function is not None:
+        sass = functions(sass)[function]
+    found = (m.group(1).upper() for line in sass.splitlines() if (m := _MNEMONIC.match(line)))
+    return collections.Counter(x for x in found if opcode is None or x.split(".")[0] == opcode.upper())

@@ -150,8 +150,9 @@ def resource_rules(spec: Any, limits: DeviceLimits) -> list[str]:
 
 def problem_rules(spec: Any, problem: Problem | None, k_tile: int = 0, sparse_only: bool = False) -> list[str]:
     """What a spec must agree on with the problem it runs (none without one): the layout (forward in
-    a family without ``layout``), dtype, bias and W's block (``sparse_only``: a family that has no
-    dense W); with ``k_tile``, the k-tile split_k splits, no more splits than K has k-tiles."""
+    a family without ``layout``), dtype, bias, W's block (``sparse_only``: a family that has no
+    dense W) and W's structured sparsity (the spec's ``sparsity``, "" where it has none); with
+    ``k_tile``, the k-tile split_k splits, no more splits than K has k-tiles."""
     if problem is None:
         return []
     why = []
@@ -164,9 +165,14 @@ def problem_rules(spec: Any, problem: Problem | None, k_tile: int = 0, sparse_on
         why.append(f"spec dtype {spec.dtype.value} != problem dtype {problem.dtype.value}")
     if problem.bias != spec.bias:
         why.append("spec and problem disagree on bias")
-    if problem.block != spec.block:
+    block = getattr(spec, "block", 0)
+    if problem.block != block:
         needs = f"; the {spec.family} family needs a block-sparse one" if sparse_only else ""
-        why.append(f"spec block {spec.block} != problem block {problem.block} (0: dense W{needs})")
+        why.append(f"spec block {block} != problem block {problem.block} (0: dense W{needs})")
+    sparsity = getattr(spec, "sparsity", "")
+    if problem.sparsity != sparsity:
+        why.append(f"the {spec.family} family computes a {sparsity} sparse W only, not a W without that structure"
+                   if sparsity else f"the {spec.family} family has no {problem.sparsity} sparse variants")
     if k_tile and spec.split_k > -(-problem.k // k_tile):
         why.append(f"split_k {spec.split_k} > {-(-problem.k // k_tile)} k-tiles of K={problem.k}")
     return why

@@ -1,7 +1,7 @@
 """Which families fit a problem on an arch: the one rule every command's default uses.
 
-A family fits when its space takes the problem (its dtypes, the layout, a dense or block-sparse W:
-``search.space.space_for``) and it has a valid kernel for the problem on the arch (one of its seeds
+A family fits when its space takes the problem (its dtypes, the layout, a dense, block-sparse or
+2:4 W: ``search.space.space_for``; a 2:4 W only in the families that name it) and it has a valid kernel for the problem on the arch (one of its seeds
 or of a few hundred random points passes ``spec.check``: e.g. the Hopper family needs sm_90, and
 its backward GEMMs 16-byte rows). Without families asked for, a search takes every family that
 fits and is meant for the problem's dtype (a family module's ``DEFAULT_DTYPES``, else its
@@ -73,7 +73,8 @@ def fitting(problem: Problem, limits: DeviceLimits | None, asked: list[str] | No
     out = []
     for family in (list(dict.fromkeys(asked)) if asked else ranked()):
         try:
-            space = space_for(family, problem.dtype, restricted, block=problem.block, layout=problem.layout)
+            space = space_for(family, problem.dtype, restricted, block=problem.block, layout=problem.layout,
+                              sparsity=problem.sparsity)
         except ValueError as e:
             out.append(Fit(family, None, str(e)))
             continue

@@ -104,7 +104,7 @@ def recorded_space(family: str, dims: dict, results: dict, problem: Problem) -> 
     ``point_of``). The older space was a product of its dimensions and the current dimensions are
     functions of disjoint groups of them, so the valid points are the same kernels."""
     space = Space(family, {k: tuple(v) for k, v in dims.items()})
-    full = space_for(family, problem.dtype, block=problem.block, layout=problem.layout)
+    full = space_for(family, problem.dtype, block=problem.block, layout=problem.layout, sparsity=problem.sparsity)
     if set(space.dims) == set(full.dims):
         return space
     seen: dict[str, set] = {k: set() for k in full.dims}
@@ -122,16 +122,24 @@ def _module(family: str):
 
 
 def space_for(family: str, dtype: DType, restricted: bool | str = False, block: int = 0,
-              layout: Layout | str = Layout.forward) -> Space:
+              layout: Layout | str = Layout.forward, sparsity: str = "") -> Space:
     """The family's space for ``dtype`` (and a W block-sparse in ``block``-sized blocks, 0: dense;
-    and the linear layer's GEMM ``layout``, where the family generates the backward ones);
-    ``restricted`` narrows it to what sweeps record: True (or "restricted") the family's RESTRICTED
-    narrowing, another name one of its NARROWINGS (larger ones, recorded for harder replays)."""
+    and the linear layer's GEMM ``layout``, where the family generates the backward ones; and a W
+    of structured ``sparsity`` such as "2:4", which only the families that name it in their
+    ``SPARSITIES`` compute); ``restricted`` narrows it to what sweeps record: True (or "restricted")
+    the family's RESTRICTED narrowing, another name one of its NARROWINGS (larger ones, recorded for
+    harder replays)."""
     module = _module(family)
     takes = getattr(families.get(family), "DTYPES", None)
     if takes is not None and DType(dtype) not in takes:
         raise ValueError(f"the {family} family takes {', '.join(d.value for d in takes)} problems, not "
                          f"{DType(dtype).value} (choose --dtype or another --family)")
+    if not families.takes_sparsity(family, sparsity):
+        others = " or ".join(n for n in families.names() if families.takes_sparsity(n, sparsity))
+        own = getattr(families.get(family), "SPARSITIES", ("",))
+        raise ValueError(f"the {family} family has no {sparsity} sparse variants; choose --family {others}" if sparsity
+                         else f"the {family} family computes a {' or '.join(own)} sparse W only: give --sparsity "
+                              f"{own[0]} or choose another --family")
     layout = Layout(layout)
     if layout is Layout.forward:
         space = module.space(dtype, block)

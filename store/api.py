@@ -22,6 +22,7 @@ from store.models import Pattern as PatternRow
 from store.records import (
     device_dict,
     kernel_dict,
+    pattern_column,
     pattern_dict,
     pattern_of,
     pattern_row,
@@ -137,8 +138,9 @@ class Store:
     def problem(self, p: ProblemKey) -> int:
         """Get or create a problem by ``p.key``; returns its id.
 
-        A dense problem is stored with ``block`` NULL, density 1 and no pattern. A block-sparse one
-        keeps its block, density (0 too) and pattern hash; the pattern's structure is stored once
+        A dense problem is stored with ``block`` NULL, density 1 and no pattern; a 2:4 one with
+        ``block`` NULL, density 0.5 and "2:4" where a pattern would be (store.records.pattern_column).
+        A block-sparse one keeps its block, density (0 too) and pattern hash; the pattern's structure is stored once
         (``gs_patterns``) when this process knows it (``codegen.sparse.lookup``). One it does not
         know is stored with its hash alone, not refused: a process that rebuilt the problem from a
         stored row (export, the dashboard, a resumed search) has no need of the structure to read or
@@ -153,10 +155,10 @@ class Store:
             lambda s: s.scalar(select(Problem).where(Problem.key == p.key)),
             lambda: Problem(
                 key=p.key, m=p.m, n=p.n, k=p.k, dtype=p.dtype.value, layout=p.layout.value, bias=p.bias,
-                density=p.density, block=p.block or None, pattern=p.pattern or None,
+                density=p.density, block=p.block or None, pattern=pattern_column(p),
             ),
         )  # fmt: skip
-        if (row.pattern or "") != p.pattern:
+        if row.pattern != pattern_column(p):
             raise ValueError(f"problem {p.key}: the store holds it with pattern {row.pattern!r}, not {p.pattern!r} "
                              "(two patterns share the key's hash prefix)")
         return row.id

@@ -50,7 +50,8 @@ class Device(Base):
 class Problem(Base):
     """A problem as ``codegen.problem.Problem`` keys it. A dense W has ``block`` NULL, density 1 and no
     pattern; a block-sparse W has its block size, the density of kept blocks (0 allowed: an all-zero
-    W) and the hash of its pattern, whose structure ``gs_patterns`` keeps when it was known."""
+    W) and the hash of its pattern, whose structure ``gs_patterns`` keeps when it was known; a 2:4 W
+    has ``block`` NULL, density 0.5 and its sparsity, "2:4", in ``pattern`` (store.records)."""
 
     __tablename__ = "gs_problems"
 
@@ -64,7 +65,8 @@ class Problem(Base):
     bias: Mapped[bool] = mapped_column(Boolean, default=False)
     density: Mapped[float] = mapped_column(Float, default=1.0)
     block: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    #: codegen.sparse.Pattern.hash of the kept blocks; NULL for a dense W (added by store.migrate).
+    #: codegen.sparse.Pattern.hash of the kept blocks, or the structured sparsity of a W ("2:4"); NULL for a
+    #: dense W (added by store.migrate).
     pattern: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 

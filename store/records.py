@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import inspect
 
+from codegen.problem import SPARSITIES
+from codegen.problem import Problem as ProblemKey
 from codegen.sparse import Pattern as SparsePattern
 from store.models import Device, Kernel, Pattern, Problem, Run, Trial
 
@@ -55,10 +57,27 @@ def pattern_hash(p: Problem) -> str | None:
     return p.pattern
 
 
+#: A W of a structured sparsity (codegen.problem.SPARSITIES, e.g. 2:4) has no pattern of blocks: the
+#: ``pattern`` column holds the sparsity's name instead, and reads give it back as ``sparsity``.
+STRUCTURED = tuple(s for s in SPARSITIES if s)
+
+
+def pattern_column(problem: ProblemKey) -> str | None:
+    """What a problem's ``pattern`` column holds: a block-sparse W's pattern hash, a structured W's
+    sparsity (e.g. "2:4"), None for a dense W."""
+    return problem.pattern or problem.sparsity or None
+
+
+def sparsity_fields(p: Problem) -> dict[str, Any]:
+    """``pattern`` and, for a structured-sparse W, ``sparsity`` of a problem row (``pattern_column``)."""
+    value = pattern_hash(p)
+    return {"pattern": None, "sparsity": value} if value in STRUCTURED else {"pattern": value}
+
+
 def problem_dict(p: Problem) -> dict[str, Any]:
     return {
         "id": p.id, "key": p.key, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
-        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, "pattern": pattern_hash(p),
+        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, **sparsity_fields(p),
     }  # fmt: skip
 
 
@@ -121,7 +140,7 @@ def trial_dict(t: Trial) -> dict[str, Any]:
         "kernel": t.kernel.name, "family": t.kernel.family, "arch": t.kernel.arch,
         "source_hash": t.kernel.source_hash,
         "problem": p.key, "problem_id": p.id, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
-        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, "pattern": pattern_hash(p),
+        "layout": p.layout, "bias": p.bias, "density": p.density, "block": p.block, **sparsity_fields(p),
         "device": t.device.name, "device_id": t.device_id, "recorded": is_recorded(t.device.name),
         "ratio_cublas": t.ratio_cublas,
         "params": dict(t.params or {}),

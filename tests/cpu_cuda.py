@@ -3,8 +3,8 @@ small shim, every block's threads run as fibers (ucontext) that switch at each b
 
 A test aid for index arithmetic (which element goes where), not a model of the GPU: copies that
 are asynchronous on the device (cp.async) happen at once, and the warp-collective instructions the
-tensor-core family uses (ldmatrix with and without .trans, mma.sync m16n8k16 bf16/fp16) are
-emulated from the PTX ISA's fragment layouts, each lane depositing its operands and every lane
+tensor-core families use (ldmatrix with and without .trans, mma.sync m16n8k16 bf16/fp16, and
+mma.sp m16n8k32 with its metadata) are emulated from the PTX ISA's fragment layouts, each lane depositing its operands and every lane
 reading them after a barrier that all threads of the block pass (the kernels' control flow is
 uniform, so barrier counts agree); in wmma every lane holds and multiplies its whole tile.
 fp32, bf16 and fp16 (the compiler's _Float16) element types; no tf32.
@@ -184,6 +184,44 @@ static void mma_tile(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
     __syncthreads();
 }
 
+// mma.sp m16n8k32 row.col, fp32 accumulate, sparsity selector 0 (PTX ISA, sparse mma.m16n8k32 for
+// .f16/.bf16): A is 16x32 and 2:4 sparse, given as its kept values (lane (g, t): a[0] row g, kept
+// columns 2t, 2t+1; a[1] row g+8; a[2], a[3] the same at kept columns 8+2t) and their positions (lanes
+// 4g + h, h = 0, 1: bits 15..0 row g, 31..16 row g+8, columns 16h..16h+15, four bits a group of four,
+// first position low); B 32x8 (b[r] rows 8r+2t, +1 of column g). A metadata code that repeats a
+// position or lists them out of order (the kernels use ::ordered_metadata) stops the program.
+static unsigned g_sp[1024][9];
+static void mma_sp_tile(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[4], unsigned e) {
+    const unsigned t = threadIdx.x, w0 = t & ~31u, lane = t & 31u;
+    for (int i = 0; i < 4; ++i) { g_sp[t][i] = a[i]; g_sp[t][4 + i] = b[i]; }
+    g_sp[t][8] = e;
+    __syncthreads();
+    float A[16][32] = {}, B[32][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, tt = l % 4;
+        const unsigned* R = g_sp[w0 + l];
+        for (int r = 0; r < 4; ++r)
+            for (int h = 0; h < 2; ++h) B[8 * r + 2 * tt + h][g] = reg_half(R[4 + r], h);
+        for (int r = 0; r < 4; ++r) {
+            const int row = g + (r % 2) * 8, group = tt + (r / 2) * 4;  // kept columns 2*group, 2*group+1
+            const unsigned word = g_sp[w0 + 4 * g + group / 4][8];
+            const unsigned code = (word >> (16 * (r % 2) + 4 * (group % 4))) & 0xFu;
+            const unsigned p0 = code & 3u, p1 = code >> 2;
+            if (p0 >= p1) { fprintf(stderr, "mma.sp: metadata code %x of row %d group %d is not ordered\n", code, row, group); exit(7); }
+            A[row][4 * group + p0] = reg_half(R[r], 0);
+            A[row][4 * group + p1] = reg_half(R[r], 1);
+        }
+    }
+    const int g = lane / 4, tt = lane % 4;
+    for (int q = 0; q < 4; ++q) {
+        const int row = g + (q / 2) * 8, col = 2 * tt + q % 2;
+        float s = c[q];
+        for (int k = 0; k < 32; ++k) s += A[row][k] * B[k][col];
+        c[q] = s;
+    }
+    __syncthreads();
+}
+
 // wmma: every lane holds its whole 16x16 tile and does the whole product (the results agree, so
 // the emulation needs no warp exchange; lane 0 alone stores); fragments keep floats, row-major.
 static inline float emu_f(float v) { return v; }
@@ -232,6 +270,8 @@ void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a,
 }}  // namespace nvcuda::wmma
 """
 
+#: C types of the index arrays a plan passes (RP, CI: int32; the 2:4 metadata WE: uint32); others are T.
+_C_TYPES = {np.dtype(np.int32).str: "int", np.dtype(np.uint32).str: "unsigned"}
 _EXTERN_SMEM = re.compile(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];")
 _FUNC_START = re.compile(r"^(template <[^>]*>\s*)?__device__ __forceinline__ ")
 
@@ -294,7 +334,7 @@ def run_plan(source: str, plan: LaunchPlan, problem: Problem, inputs: dict[str, 
         main += [f"    std::vector<unsigned char> b{idx}({a.nbytes} + 16);",
                  f"    {{ FILE* f = fopen(\"{workdir / name}.bin\", \"rb\"); if (fread(b{idx}.data(), 1, {a.nbytes}, f) != "
                  f"{a.nbytes}) return 3; fclose(f); }}",
-                 f"    auto* p_{name} = reinterpret_cast<{'int' if a.dtype == np.int32 else 'T'}*>(b{idx}.data());"]
+                 f"    auto* p_{name} = reinterpret_cast<{_C_TYPES.get(a.dtype.str, 'T')}*>(b{idx}.data());"]
     first = next(iter(outputs))
     if plan.zero_output:
         main.append(f"    memset(p_{first}, 0, {int(np.prod(outputs[first])) * problem.dtype.itemsize});")

@@ -1,7 +1,7 @@
 """CPU tier: codegen's core stands below everything that uses it ("floors").
 
 The core (``CORE``: the problem, spec, families, render, compile, CUDA, data, launch, worker, engine,
-evaluate, export, SASS, sparse and versions modules) imports nothing from the search, the store, the
+evaluate, export, SASS, sparse, sparse24 and versions modules) imports nothing from the search, the store, the
 app, the command line or the layer tools (``ABOVE``), neither at the top of a module nor inside a
 function: those import the core, never the other way round. The imports are read from the source
 with ``ast`` (nothing is imported here)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("problem", "spec", "families", "render", "compile", "cuda", "data", "launch", "worker", "engine",
-        "evaluate", "export", "sass", "sparse", "versions")
+        "evaluate", "export", "sass", "sparse", "sparse24", "versions")
 ABOVE = ("search", "store", "app", "codegen.cli", "codegen.nn")
 
 

@@ -64,12 +64,12 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
 
 def family_asked(argv: list[str] | None) -> str:
     """A first look at the command line for the family whose variant options compile and bench
-    take: ``--family``, else the one the problem's dtype, layout, shape and W (dense, or block-sparse
-    with ``--block``) take on the arch (``--arch``, else $GEMMSCAPE_ARCH, else the visible GPU's;
+    take: ``--family``, else the one the problem's dtype, layout, shape and W (dense, block-sparse
+    with ``--block`` or 2:4 with ``--sparsity``) take on the arch (``--arch``, else $GEMMSCAPE_ARCH, else the visible GPU's;
     search.fit.default_family)."""
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--family", "--dtype", "--layout", "--arch", "--m", "--n", "--k", "--block"):
+    for flag in ("--family", "--dtype", "--layout", "--arch", "--m", "--n", "--k", "--block", "--sparsity"):
         pre.add_argument(flag)
     pre.add_argument("--bias", action="store_true")
     known, _ = pre.parse_known_args(argv)
@@ -87,7 +87,7 @@ def family_asked(argv: list[str] | None) -> str:
         # a block-sparse W stands for any pattern of its block: the kernels' rules do not look at which
         sparse = {"block": int(known.block), "density": 0.5, "pattern": "any"} if known.block else {}
         problem = Problem(*dims, DType(known.dtype or "fp32"), Layout(known.layout or "forward"), bias=known.bias,
-                          **sparse)
+                          sparsity=known.sparsity or "", **sparse)
         limits = DeviceLimits.for_arch(known.arch or default_arch())
     except ValueError:  # a bad value: the parser proper says so
         return DEFAULT_FAMILY

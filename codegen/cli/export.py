@@ -62,7 +62,7 @@ def cmd_export_bundle(args: argparse.Namespace) -> int:
     from codegen.nn.bundle import write_bundle
 
     given = [f for f, v in (("--best", args.best), ("--kernel", args.kernel), ("--out", args.out)) if v]
-    given += [f"--{d}" for d in ("m", "n", "k") if getattr(args, d, None) is not None] + sparse_given(args)
+    given += [f"--{d}" for d in ("m", "n", "k", "sparsity") if getattr(args, d, None) is not None] + sparse_given(args)
     if given:
         raise UsageError(f"--bundle exports every tuned problem; drop {', '.join(given)}")
     check_writable(args.bundle, "--bundle", folder=True)

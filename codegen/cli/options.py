@@ -15,7 +15,8 @@ from dataclasses import MISSING
 from codegen import families
 from codegen.cli.checks import url_problem
 from codegen.cli.errors import EXIT_USAGE, UsageError
-from codegen.problem import DType, Layout, Problem
+from codegen.cli.weights import check_sparse_args, pattern_from_args, sparse_given, structured_shape
+from codegen.problem import SPARSITIES, DType, Layout, Problem
 from codegen.spec import KernelSpec
 
 DEFAULT_FAMILY = "simt"
@@ -130,9 +131,6 @@ class Commands:
 
 
 # ---- shared options, and the problem and kernel variant they name ----------------------------------
-#: The options of a block-sparse W (argparse dests), as the command line spells them.
-SPARSE_OPTIONS = {"block": "--block", "density": "--density", "pattern_seed": "--pattern-seed", "weights": "--weights"}
-
 
 def add_problem_args(p: argparse.ArgumentParser, required: bool = True, replay: bool = False) -> None:
     """--m, --n, --k, --dtype, --bias, and the options of a block-sparse W. --n and --k are checked
@@ -174,7 +172,11 @@ def add_problem_args(p: argparse.ArgumentParser, required: bool = True, replay: 
                    help="seed of the random pattern of --density (default: 0)")
     g.add_argument("--weights", metavar="PATH[:NAME]",
                    help="your own W: .npy, .npz, .pt/.pth or .safetensors, NAME picks one tensor of several; "
-                        "N and K come from it, the kept blocks are its non-zero ones (default: none)")
+                        "N and K come from it, the kept blocks are its non-zero ones (with --sparsity 2:4: a 2:4 W, "
+                        "or one pruned to 2:4 with a note) (default: none)")
+    p.add_argument("--sparsity", choices=[s for s in SPARSITIES if s],
+                   help="W is structured-sparse: 2:4 keeps two of each four elements along K, by magnitude, for "
+                        "sparse tensor cores (fp16 and bf16, forward layout) (default: none)")
 
 
 DB_HELP = "store URL, sqlite:///PATH or postgresql+psycopg://... (default: $GEMMSCAPE_DB, else " \
@@ -256,23 +258,31 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
         spec = spec_from_name(args.kernel, args)
         block = getattr(spec, "block", 0)
         layout = getattr(spec, "layout", Layout.forward)
-        if problem is not None and (spec.dtype, spec.bias, block, layout) != \
-                (problem.dtype, problem.bias, problem.block, problem.layout):
+        sparsity = getattr(spec, "sparsity", "")
+        if problem is not None and (spec.dtype, spec.bias, block, layout, sparsity) != \
+                (problem.dtype, problem.bias, problem.block, problem.layout, problem.sparsity):
             raise UsageError(f"kernel {spec.name} is for {spec.dtype.value}, bias={spec.bias}, block={block}, "
-                             f"layout={layout.value}; the problem is {problem.dtype.value}, bias={problem.bias}, "
-                             f"block={problem.block}, layout={problem.layout.value}")
+                             f"layout={layout.value}, sparsity={sparsity or 'none'}; the problem is "
+                             f"{problem.dtype.value}, bias={problem.bias}, block={problem.block}, "
+                             f"layout={problem.layout.value}, sparsity={problem.sparsity or 'none'}")
         return spec
     family = family_of_args(args)
     values = {f.name: getattr(args, f.name) for f in families.variant_fields(family)
               if getattr(args, f.name, None) is not None}
     if problem is not None:
         values.update(dtype=problem.dtype, bias=problem.bias)
-        block, layout = problem.block, problem.layout
+        block, layout, sparsity = problem.block, problem.layout, problem.sparsity
     else:
         values.update(dtype=DType(getattr(args, "dtype", None) or DEFAULT_DTYPE), bias=getattr(args, "bias", False))
         block, layout = getattr(args, "block", None) or 0, Layout(getattr(args, "layout", None) or "forward")
+        sparsity = getattr(args, "sparsity", None)  # a variant with no problem: the family's own, unless given
     dtype = values["dtype"]
+    own = getattr(families.get(family), "SPARSITIES", ("",))
     for refused, why, takes in (
+            (sparsity is not None and sparsity not in own,
+             f"has no {sparsity} sparse variants" if sparsity else f"computes a {own[0]} sparse W only (give "
+                                                                   f"--sparsity {own[0]})",
+             lambda n: families.takes_sparsity(n, sparsity)),
             (not families.takes_dtype(family, dtype), f"generates no {dtype.value} kernels",
              lambda n: families.takes_dtype(n, dtype)),
             (layout is not Layout.forward and not families.takes_layouts(family), "generates the forward layout only",
@@ -293,28 +303,6 @@ def spec_from_args(args: argparse.Namespace, problem: Problem | None = None) -> 
         return families.get(family).Spec(**values)
     except ValueError as e:
         raise UsageError(f"not a {family} variant: {e}") from None
-
-
-def sparse_given(args: argparse.Namespace) -> list[str]:
-    """The block-sparse options given, as spelled on the command line."""
-    return [flag for dest, flag in SPARSE_OPTIONS.items() if getattr(args, dest, None) is not None]
-
-
-def check_sparse_args(args: argparse.Namespace) -> None:
-    """The block-sparse options go together: --block with --density (a random pattern, seeded by
-    --pattern-seed) or with --weights (the file's pattern; with --density, pruned to it)."""
-    given = sparse_given(args)
-    if not given:
-        return
-    if getattr(args, "block", None) is None:
-        need = "needs" if len(given) == 1 else "need"
-        raise UsageError(f"{', '.join(given)} {need} --block 16, 32 or 64 (the side of W's square blocks)")
-    if args.weights is not None and args.pattern_seed is not None:
-        raise UsageError("--pattern-seed seeds a random pattern, --weights takes the pattern of your W: "
-                         "give one of them, not both")
-    if args.density is None and args.weights is None:
-        raise UsageError(f"--block {args.block} needs --density D (a random pattern with that fraction of blocks "
-                         f"kept) or --weights FILE (the blocks of your own W)")
 
 
 def problem_given(args: argparse.Namespace) -> bool:
@@ -343,48 +331,18 @@ def problem_given(args: argparse.Namespace) -> bool:
     return True
 
 
-def pattern_from_args(args: argparse.Namespace):
-    """The block-sparse pattern the options name: random (--density, --pattern-seed), or the file's
-    W (--weights): its non-zero blocks, or with --density its largest blocks."""
-    from codegen import sparse
-
-    # The pattern is of the layer's W [out, in]: the problem's [N, K] forward, [K, N] in grad_input,
-    # [M, N] in grad_weight (Problem.w_shape).
-    layout = Layout(getattr(args, "layout", None) or "forward")
-    rows, cols = {Layout.forward: ("n", "k"), Layout.grad_input: ("k", "n"), Layout.grad_weight: ("m", "n")}[layout]
-    if args.weights is None:
-        try:
-            return sparse.Pattern.random(getattr(args, rows), getattr(args, cols), args.block, args.density,
-                                         args.pattern_seed or 0)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    try:
-        w = sparse.load_weights(args.weights)
-    except (ValueError, OSError) as e:
-        raise UsageError(f"--weights: {e}") from None
-    n, k = w.shape
-    wrong = [f"--{d} {getattr(args, d)}" for d, size in ((rows, n), (cols, k))
-             if getattr(args, d, None) is not None and getattr(args, d) != size]
-    if wrong:
-        shape = {Layout.forward: "N x K", Layout.grad_input: "K x N, out x in, in grad_input",
-                 Layout.grad_weight: "M x N, out x in, in grad_weight"}[layout]
-        given = f"--{rows} and --{cols}"
-        raise UsageError(f"{' and '.join(wrong)} {'does' if len(wrong) == 1 else 'do'} not match W in "
-                         f"{args.weights}, which is {n}x{k} ({shape}); --weights gives {rows.upper()} and "
-                         f"{cols.upper()}, so {given} can be left out")
-    try:
-        if args.density is None:
-            return sparse.from_dense(w, args.block)[0]
-        return sparse.prune_blocks(w, args.block, args.density)[0]
-    except ValueError as e:
-        raise UsageError(f"--weights {args.weights}: {e}") from None
-
-
 def problem_from_args(args: argparse.Namespace) -> Problem:
-    """The problem of the command line: dense, or with --block block-sparse (its pattern registered
-    in this process by ``codegen.sparse.problem_for``)."""
+    """The problem of the command line: dense, with --block block-sparse (its pattern registered
+    in this process by ``codegen.sparse.problem_for``), or with --sparsity 2:4 sparse."""
     problem_given(args)
     layout = Layout(getattr(args, "layout", None) or "forward")
+    if getattr(args, "sparsity", None):
+        n, k = structured_shape(args)
+        try:
+            return Problem(args.m, n, k, DType(args.dtype or DEFAULT_DTYPE), layout, bias=args.bias,
+                           sparsity=args.sparsity)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     if getattr(args, "block", None) is not None:
         from codegen.sparse import problem_for
 
@@ -429,7 +387,7 @@ def problem_from_recording(args: argparse.Namespace, recorded: Problem, source) 
     check_sparse_args(args)  # options that do not go together are said as such, recording or not
     values = {"m": ("--m", recorded.m), "n": ("--n", recorded.n), "k": ("--k", recorded.k),
               "dtype": ("--dtype", recorded.dtype.value), "layout": ("--layout", recorded.layout.value),
-              "bias": ("--bias", recorded.bias)}
+              "bias": ("--bias", recorded.bias), "sparsity": ("--sparsity", recorded.sparsity or None)}
     if sparse_given(args):
         if getattr(args, "weights", None) is not None:  # the file gives N and K
             values = {dest: v for dest, v in values.items() if dest not in ("n", "k")}
@@ -447,6 +405,8 @@ def problem_from_recording(args: argparse.Namespace, recorded: Problem, source) 
 
 def describe_problem(problem: Problem) -> str:
     """The problem's key, and for a block-sparse W how many blocks of what size it keeps."""
+    if problem.structured:
+        return f"{problem.key} (W {problem.n}x{problem.k} {problem.sparsity} sparse: two of each four along K kept)"
     if not problem.sparse:
         return problem.key
     from codegen.sparse import lookup

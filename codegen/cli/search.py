@@ -246,7 +246,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
     best = summary.best
     say(f"{summary.study}: {summary.evaluated} of {summary.budget} trials evaluated "
         f"({summary.evaluated_now} now, {summary.proposals} proposals) in {summary.wall_s:.1f} s; {summary.stopped}")
-    if problem.sparse:
+    if problem.sparse or problem.structured:
         say(f"  problem {describe_problem(problem)}")
     for line in summary.describe():
         say(f"  {line}")
@@ -294,7 +294,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", folder=False)
     try:
         space = space_for(family, problem.dtype, restricted=args.space, block=problem.block,
-                          layout=problem.layout)
+                          layout=problem.layout, sparsity=problem.sparsity)
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_cache()

@@ -8,7 +8,10 @@ shares), ``template_values(spec)`` for ``templates/<NAME>.cu.j2``, ``plan(spec, 
 ``grid_rule(spec)``; optionally ``headers(spec)`` (toolkit headers the source includes) and
 ``compile_target(arch)`` (the -arch NVRTC gets on a device of ``arch``, e.g. sm_90 -> sm_90a for
 arch-specific instructions) and ``sampled_defaults(block)`` (the variant fields a command line leaves
-unset take for the weight gradient of a block-sparse W, where the family generates it). Everything outside the family finds it here and never names its fields.
+unset take for the weight gradient of a block-sparse W, where the family generates it) and
+``SPARSITIES`` (the structured sparsities of W it computes, e.g. ("2:4",); without it, none) with
+``manifest_sparse(spec, problem)`` (what an export manifest says of that W's operands).
+Everything outside the family finds it here and never names its fields.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from codegen.spec import KernelSpec
 
 __all__ = ["compile_target", "family_of", "get", "names", "plugin_modules", "spec_from_dict", "spec_from_name",
-           "takes_dtype", "takes_layouts", "takes_sparse", "variant_fields"]
+           "takes_dtype", "takes_layouts", "takes_sparse", "takes_sparsity", "variant_fields"]
 
 #: Fields the problem sets (``block``, W's sparse block size with 0 for a dense W, only in families
 #: with block-sparse variants; ``layout``, which GEMM of the linear layer, only in families that
@@ -99,6 +102,12 @@ def spec_from_name(name: str) -> KernelSpec:
 def takes_sparse(name: str) -> bool:
     """Whether family ``name`` has block-sparse variants (its Spec has a ``block`` field)."""
     return any(f.name == "block" for f in dataclasses.fields(get(name).Spec))
+
+
+def takes_sparsity(name: str, sparsity: str) -> bool:
+    """Whether family ``name`` computes a W of structured ``sparsity`` ("" : none, a dense or
+    block-sparse W): its ``SPARSITIES`` (a family without one takes only "")."""
+    return sparsity in getattr(get(name), "SPARSITIES", ("",))
 
 
 def takes_dtype(name: str, dtype) -> bool:

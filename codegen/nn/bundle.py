@@ -66,7 +66,8 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
     (``codegen pick-step`` chooses by the train step's time). Problems with no kernel that can be
     exported (no stored source of the measured kernel and the templates render another, or stored
     sources that no longer fit today's plan) are listed under ``skipped`` with the reason, never
-    shipped with a measurement of other source. Each entry's cold_single verdict comes from its trial
+    shipped with a measurement of other source; so are the problems of a 2:4 W, which the layer does
+    not take. Each entry's cold_single verdict comes from its trial
     row (judged at ``margin``); verdicts of other timings that a bundle already in ``out`` holds for the
     same kernel, problem and device are kept (a re-export does not lose what engine timing found)."""
     from codegen.export import write_export
@@ -82,6 +83,11 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
         if first.get("recorded") and not include_recorded:
             continue
         problem = Problem.from_dict(first)
+        if problem.structured:  # the layer has no 2:4 W: its kernels are exported one by one
+            skipped.append({"problem": problem.key, "device": first["device"], "kernel": first["kernel"],
+                            "reason": f"a {problem.sparsity} W, which codegen.nn does not take (export it with "
+                                      f"`codegen export --best ... --sparsity {problem.sparsity}`)"})
+            continue
         picked = (choose or pick_stored)(store, problem, rows)
         if isinstance(picked, str):
             skipped.append({"problem": problem.key, "device": first["device"], "kernel": first["kernel"], "reason": picked})

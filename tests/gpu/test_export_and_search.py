@@ -19,9 +19,10 @@ pytestmark = pytest.mark.gpu
 _STORAGE = {"float": np.float32, "__half": np.float16, "__nv_bfloat16": np.uint16}
 
 
-def _launch_from_manifest(cu: str, manifest: dict, x, w, b, runs: int = 2) -> np.ndarray:
+def _launch_from_manifest(cu: str, manifest: dict, x, w, b, runs: int = 2, operands: dict | None = None) -> np.ndarray:
     """Compile and run with cuda-python and the manifest only (no gemmscape code): X, W, B given in
-    the manifest's element type (numpy storage), Y returned in it after ``runs`` runs of its launches
+    the manifest's element type (numpy storage; W may be None where the kernel takes ``operands``,
+    other arrays uploaded as they are, e.g. a 2:4 W's WC and WE), Y returned in it after ``runs`` runs of its launches
     (the second shows that state a run keeps, such as tile counters, is left as the note says). Tensor-map arguments are encoded
     as the manifest says; a persistent launch gets at most one block per multiprocessor (in whole
     clusters); a kernel with a cluster is launched with cuLaunchKernelEx."""
@@ -51,14 +52,15 @@ def _launch_from_manifest(cu: str, manifest: dict, x, w, b, runs: int = 2) -> np
     m, n, k = p["m"], p["n"], p["k"]
     storage = _STORAGE[manifest["element_type"]]
 
-    def upload(a):
-        a = np.ascontiguousarray(a, dtype=storage)
+    def upload(a, dtype=storage):
+        a = np.ascontiguousarray(a, dtype=dtype)
         ptr = ok(driver.cuMemAlloc(a.nbytes))
         ok(driver.cuMemcpyHtoD(ptr, a.ctypes.data, a.nbytes))
         return ptr
 
     y = np.empty((m, n), storage)
-    ptrs = {"X": upload(x), "W": upload(w), "B": upload(b) if b is not None else 0,
+    ptrs = {"X": upload(x), "W": upload(w) if w is not None else 0, "B": upload(b) if b is not None else 0,
+            **{name: upload(a, a.dtype) for name, a in (operands or {}).items()},
             "Y": ok(driver.cuMemAlloc(y.nbytes)),
             "WS": ok(driver.cuMemAlloc(manifest["workspace_bytes"])) if manifest["workspace_bytes"] else 0,
             "CT": ok(driver.cuMemAlloc(4 * manifest["counters"])) if manifest.get("counters") else 0}
