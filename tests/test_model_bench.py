@@ -109,11 +109,12 @@ def test_tune_model_takes_the_factory(capsys, monkeypatch):
     pytest.importorskip("transformers")
     from pathlib import Path
 
-    from codegen import cli
+    from codegen import cli, worker
     from codegen.cli import layer as cli_layer
 
     seen = {}
     monkeypatch.setattr(cli_layer, "run_tuning", lambda args, problems: seen.setdefault("p", problems) and 0)
+    monkeypatch.setattr(worker, "require_gpu", lambda: None)  # REPLACED: no GPU here, and none is used
     path = Path(bench.__file__)
     assert cli.main(["tune-model", f"{path}:llama3_8b_dims", "--batch", "2048", "--family", "hopper"]) == 0
     assert "15 linear layers, 5 distinct shapes at batch 2048" in capsys.readouterr().err
