@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks.sparse_model: no CUDA GPU visible to torch (--tiny --device cpu runs on the CPU)",
               file=sys.stderr)
         return 2
+    if device.type == "cuda" and device.index is None:  # as tensors name it: codegen.nn keys what ran by it
+        device = torch.device("cuda", torch.cuda.current_device())
     kernels = kernels_of(args)
     config = config_dict(args.layers, args.vocab, args.tiny)
     dense = build(config, seed=args.seed, dtype=args.dtype, device="cpu")  # on the CPU: codegen prune's weights
