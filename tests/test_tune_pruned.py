@@ -234,6 +234,13 @@ def test_a_bundle_keys_kernels_by_pattern_and_each_pruned_layer_finds_its_three(
         keys |= {p.key for p in problems.values()}
         assert all(layer.pattern_hash[:8] in p.key for p in problems.values())
     assert keys == {e["key"] for e in bundle.entries}
+    # replace_linear on the pruned model (loaded without kernels) gives its block-sparse layers the bundle too
+    from codegen.nn import replace_linear
+
+    again = replace_linear(load_pruned(load_model(target), file), bundle)
+    for layer in pruned_layers(again).values():
+        assert layer.kernels.source is bundle
+        assert layer.kernels.kernel(layer.problem(Layout.forward, 256, "bf16"), cuda)[0] == "compiled"
     # a dense layer of a pruned layer's shape is not "cuBLAS won every GEMM": those GEMMs are another layer's
     assert not bundle.cublas_won_all(64, 128, "bf16", False)
 

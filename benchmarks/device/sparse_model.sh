@@ -10,20 +10,24 @@
 #     made for block-sparse W at small batches, which the default seeds do not take.
 # MODE=tune: layer 0's MLP up and down projections tuned on their pruned patterns, then timed.
 #  1. codegen prune benchmarks/model.py:llama3_8b_dims (the benchmark's own weights and patterns) at each density.
-#  2. codegen tune-model --pruned FILE on those two layers' forward GEMMs at M = 1, 16, 64, families direct and
-#     tensorcore, budget BUDGET, into one store and bundle; forward GEMMs of at most 128 rows are judged
-#     again in engine timing, against dense cuBLAS.
+#  2. codegen tune-model --pruned FILE on those two layers' forward GEMMs at M = TUNE_BATCHES (1 16), families
+#     TUNE_FAMILIES (direct tensorcore), budget BUDGET (20) per GEMM and family, into one store and bundle;
+#     forward GEMMs of at most 128 rows are judged again in engine timing, against dense cuBLAS.
 #  3. benchmarks.sparse_model --phases engine --bundle: the tuned kernels against dense cuBLAS in engine timing
 #     (the engine phase only: the bundle holds those two layers' GEMMs, not the whole model's).
 # Each step under its own time limit, its log in $OUT/<step>.log and its wall time printed; the JSON records
 # (and in MODE=tune the bundle, tar.gz, and the store, gzipped) come back in $OUT; a short table last.
 # usage (device tool, carry .whl): bash benchmarks/device/sparse_model.sh
-# env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), BUDGET (10), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/
-#      T_ENGINE (step limits, s), GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
+# env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), BUDGET (20), TUNE_BATCHES ("1 16"),
+#      TUNE_FAMILIES ("direct tensorcore"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
+#      GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 MODE=${MODE:-seeds}
-BUDGET=${BUDGET:-10}
+BUDGET=${BUDGET:-20}
+read -r -a tune_batches <<< "${TUNE_BATCHES:-1 16}"
+tune_families=()
+for f in ${TUNE_FAMILIES:-direct tensorcore}; do tune_families+=(--family "$f"); done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
   || { echo "sparse_model.sh: transformers is not importable here"; exit 1; }
@@ -46,16 +50,17 @@ if [ "$MODE" = tune ]; then
   DB="sqlite:///$OUT/sparse.db"
   LAYERS='layers\.0\.mlp\.(up|down)_proj'
   for d in 0.25 0.1; do
-    step "prune-$d" "${T_PRUNE:-90}" python3 -m codegen prune benchmarks/model.py:llama3_8b_dims --density "$d" \
+    step "prune-$d" "${T_PRUNE:-60}" python3 -m codegen prune benchmarks/model.py:llama3_8b_dims --density "$d" \
       --block 64 --layers "$LAYERS" --out "/tmp/pruned-d$d.safetensors"
   done
   for d in 0.25 0.1; do
-    step "tune-$d" "${T_TUNE:-150}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims \
-      --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch 1 16 64 --layout forward \
-      --family direct --family tensorcore --budget "$BUDGET" --db "$DB" --bundle "$OUT/bundle" --quiet
+    step "tune-$d" "${T_TUNE:-170}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims \
+      --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch "${tune_batches[@]}" --layout forward \
+      "${tune_families[@]}" --budget "$BUDGET" --db "$DB" --bundle "$OUT/bundle" --quiet
   done
   [ -f "$OUT/bundle/index.json" ] || step export 30 python3 -m codegen export --bundle "$OUT/bundle" --db "$DB"
-  step engine "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases engine --bundle "$OUT/bundle" --out "$OUT"
+  step engine "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases engine --bundle "$OUT/bundle" \
+    --engine-batches "${tune_batches[@]}" --out "$OUT"
   rm -f /tmp/pruned-d*.safetensors
   python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" \
     "$OUT/sparse.db" 2>/dev/null

@@ -167,6 +167,14 @@ class BlockSparseLinear(nn.Module):
         dense = blocks_to_dense(blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
         return dense_to_blocks(dense, self.rows, self.cols, self.block)
 
+    def use_kernels(self, kernels) -> BlockSparseLinear:
+        """Run on ``kernels`` (as the constructor takes them) from now on: the GEMMs resolved so far are
+        looked up again. Returns the layer."""
+        self.kernels = kernels_from(kernels)
+        for cache in (self._gemms, self._cublas_won, self._kept):
+            cache.clear()
+        return self
+
     # ---- conversions ----------------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, layer: nn.Linear, density: float, block: int, *, kernels=None) -> BlockSparseLinear:
