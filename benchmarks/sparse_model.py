@@ -142,8 +142,9 @@ def record(prob: dict, ours: list[float], dense: list[float], timing: str, gemms
 def gemm_report(kernels, layers: dict, phase: str, batch: int, device, dtype: str = "bf16") -> dict:
     """Which GEMMs of the pruned ``layers`` (name -> BlockSparseLinear) ran ours and which torch's op at
     ``batch`` rows in ``phase`` (the forward; a train step also dX and dW), and each one's verdict where
-    the kernels come from a bundle: {"ours": {key: kernel}, "torch": {key: reason}, "verdicts": {key: ...}}."""
-    from codegen.nn.bundle import Bundle
+    the kernels come from a bundle or a store (None: it holds none for the GEMM; the built-in seeds have
+    no verdicts): {"ours": {key: kernel}, "torch": {key: reason}, "verdicts": {key: verdict}}."""
+    from codegen.nn.bundle import Bundle, StoreKernels
     from codegen.problem import Layout
 
     layouts = tuple(Layout) if phase == "train" else (Layout.forward,)
@@ -163,6 +164,10 @@ def gemm_report(kernels, layers: dict, phase: str, batch: int, device, dtype: st
             if isinstance(source, Bundle):
                 entry = source.entry(prob, name)
                 out["verdicts"][prob.key] = (entry or {}).get("verdict")
+            elif isinstance(source, StoreKernels):
+                found = source.find(prob, name)
+                verdict = getattr(found, "verdict", None)
+                out["verdicts"][prob.key] = verdict.to_dict() if verdict is not None else None
     return out
 
 

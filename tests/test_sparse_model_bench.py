@@ -133,6 +133,31 @@ def test_the_gemm_report_names_what_ran_for_each_pruned_layer():
                               problems[Layout.grad_weight].key: "no kernel"}
 
 
+def test_the_gemm_report_gives_each_gemm_s_verdict_from_a_bundle(tmp_path):
+    torch = pytest.importorskip("torch")
+    from codegen import sparse
+    from codegen.nn import verdict as V
+    from codegen.nn.bundle import BUNDLE_FORMAT, Bundle
+    from codegen.nn.sparse import BlockSparseLinear
+    from codegen.problem import Layout
+
+    layer = BlockSparseLinear(64, 96, sparse.Pattern.random(96, 64, 16, 0.5, seed=2), bias=False,
+                              dtype=torch.bfloat16)
+    forward = layer.problem(Layout.forward, 4, "bf16")
+    verdict = V.judge(1.0, 3.0, "engine", forward).to_dict()
+    entry = {"problem": forward.to_dict(), "key": forward.key, "device": "cpu", "median_ms": 1.0, "verdict": verdict}
+    (tmp_path / "index.json").write_text(json.dumps({"format": BUNDLE_FORMAT, "kernels": [entry]}))
+
+    class Kernels:
+        source, fallbacks = Bundle(tmp_path), {}
+
+        def used(self, problem, device):
+            return "dr_k"
+
+    got = bench.gemm_report(Kernels(), {"l": layer}, "decode", 4, torch.device("cpu"))
+    assert got["verdicts"] == {forward.key: verdict} and verdict["winner"] == "ours"
+
+
 def test_the_model_is_built_on_the_cpu_as_codegen_prune_builds_it():
     """The benchmark prunes weights built on the CPU, as `codegen prune benchmarks/model.py:...` calls the
     factory (torch's default device): the same seed gives the same weights, so the same patterns."""
