@@ -38,14 +38,20 @@ def shapes(phases: list[str], dtype: str = "bf16") -> list[dict]:
 
 
 def record(problem: dict, ours: list[float], cublas: list[float], ran: str, rel_error: float, engine: dict) -> dict:
-    """One DESIGN.md record of engine timing; a wrong result has no ratio."""
-    from codegen.problem import DType
+    """One DESIGN.md record of engine timing; a wrong result has no ratio. For a block-sparse W (a
+    problem with a ``block``) ours moves its kept blocks and their block columns and does the kept
+    blocks' flops (codegen.problem.Problem.min_bytes, .flops), cuBLAS the dense W's."""
+    from codegen.problem import DType, Problem
 
     mine, theirs = stats(ours), stats(cublas)
     itemsize = DType(problem["dtype"]).itemsize
     moved = itemsize * (problem["n"] * problem["k"] + problem["m"] * (problem["k"] + problem["n"]))
     wrong = not rel_error <= DType(problem["dtype"]).rel_tol
     flops = 2.0 * problem["m"] * problem["n"] * problem["k"]
+    dense_moved = moved
+    if problem.get("block"):
+        sparse = Problem.from_dict(problem)
+        moved, flops = sparse.min_bytes, sparse.flops
     return {
         "problem": problem,
         "timing": "engine",
@@ -53,7 +59,7 @@ def record(problem: dict, ours: list[float], cublas: list[float], ran: str, rel_
         "ours": {"kernel": None if ran.startswith("torch") else ran, "ran": ran, **mine, "rel_error": rel_error,
                  "status": "wrong_result" if wrong else "ok",
                  "tflops": flops / (mine["median_ms"] * 1e-3) / 1e12, "gbps": moved / (mine["median_ms"] * 1e-3) / 1e9},
-        "baselines": {"cublas": {**theirs, "gbps": moved / (theirs["median_ms"] * 1e-3) / 1e9}},
+        "baselines": {"cublas": {**theirs, "gbps": dense_moved / (theirs["median_ms"] * 1e-3) / 1e9}},
         "ratio": {"cublas": None if wrong else theirs["median_ms"] / mine["median_ms"]},
     }
 

@@ -23,7 +23,10 @@ Every row names its JSON file, the device, the date of the run and the timing me
 - ``engine``: many distinct weight copies (together far past L2) called back to back in one CUDA
   graph, time per call (``benchmarks.engine``; the method for claims at small batches).
 - ``eager (whole model)``: ``benchmarks.model``'s records, a whole model's prefill or train step
-  called eagerly between CUDA events, warm, the dense model and ours in alternating rounds.
+  called eagerly between CUDA events, warm, the dense model and ours in alternating rounds;
+  ``benchmarks.sparse_model``'s too (a pruned model against its dense twin), and ``graph (whole
+  model)`` its decode steps replayed as one captured CUDA graph each, ``eager (one layer)`` its one
+  pruned layer's train step; its engine-timed sparse GEMMs are ``engine``.
 - ``quality (held-out bits/byte)``: ``benchmarks.sparse_quality``'s records, no timing at all: the
   held-out bits per byte of a model, dense, pruned and fine-tuned.
 
@@ -75,8 +78,8 @@ def timing_of(doc: dict, record: dict) -> str:
     own = record.get("timing")
     if doc.get("suite") == "sparse-quality":
         return "quality (held-out bits/byte)"
-    if doc.get("suite") == "model":
-        return f"{own} (whole model)"
+    if doc.get("suite") == "model" or (doc.get("suite") == "sparse_model" and own != "engine"):
+        return f"{own} ({'one layer' if record.get('problem', {}).get('layer') else 'whole model'})"
     if own in ("cold_single", "engine"):
         return own
     if own == "eager":
@@ -320,16 +323,24 @@ def caveats(results: Path, files: list[str], base: str) -> str:
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 
+def sparse_label(problem: dict) -> str:
+    """How a block-sparse W is named in a row ("" for a dense one)."""
+    return f", blocks of {problem['block']} at density {problem['density']:g}" if problem.get("block") else ""
+
+
 def engine(results: Path, base: str) -> str:
     files = sorted(p.name for p in results.glob("engine-*.json"))
+    files += sorted(p.name for p in results.glob("sparse_model-*.json")
+                    if any(r.get("timing") == "engine" for r in _load(results, p.name)["records"]))
     if not files:
         return ("No engine-timed result is committed yet: `python3 -m benchmarks.engine` writes "
                 "`benchmarks/results/engine-<device>-<date>.json`, and this table lists its records.\n")
     rows = []
     for name in files:
         doc = _load(results, name)
-        for r in doc["records"]:
-            rows.append([f"{r['problem']['dtype']} {shape(r['problem'])}", f"`{r['ours'].get('ran')}`",
+        for r in (r for r in doc["records"] if doc["suite"] != "sparse_model" or r.get("timing") == "engine"):
+            rows.append([f"{r['problem']['dtype']} {shape(r['problem'])}{sparse_label(r['problem'])}",
+                         f"`{r['ours'].get('ran')}`",
                          timed(r["ours"]), timed(r["baselines"]["cublas"]), times(r["ratio"].get("cublas")),
                          *source(doc, r, name, base)])
     return table(["problem", "ran", "ours µs per call, median (p20–p80)", "cuBLAS µs per call", "cuBLAS ÷ ours",
@@ -337,23 +348,36 @@ def engine(results: Path, base: str) -> str:
 
 
 def model(results: Path, base: str) -> str:
-    files = sorted(p.name for p in results.glob("model-*.json"))
+    files = sorted(p.name for p in results.glob("model-*.json")) + sorted(
+        p.name for p in results.glob("sparse_model-*.json"))
     if not files:
         return ("No whole-model result is committed yet: `python3 -m benchmarks.model` writes "
                 "`benchmarks/results/model-<device>-<date>.json`, and this table lists its records.\n")
     rows = []
     for name in files:
         doc = _load(results, name)
-        for r in doc["records"]:
+        for r in (r for r in doc["records"] if "phase" in r["problem"]):
             p, gemms = r["problem"], r["ours"].get("gemms", {})
             ran = f"{len(gemms.get('ours', {}))} ours, {len(gemms.get('torch', {}))} torch"
-            check = "bit-identical" if r["ours"].get("check", {}).get("bit_identical") else \
-                f"max diff {r['ours'].get('check', {}).get('max_abs_diff')}"
-            rows.append([f"{p['model']}, {p['layers']} layers, {p['dtype']}, {p['phase']} {p['batch']}×{p['tokens']}",
-                         ran, check, us_ms(r["ours"]), us_ms(r["baselines"]["dense"]), times(r["ratio"].get("dense")),
+            rows.append([f"{p['model']}, {p['layers']} layer{'s' if p['layers'] != 1 else ''}"
+                         f"{' (' + p['layer'] + ')' if p.get('layer') else ''}, {p['dtype']}, {p['phase']} "
+                         f"{p['batch']}×{p['tokens']}{sparse_label(p)}",
+                         ran, checked(r["ours"].get("check", {})), us_ms(r["ours"]), us_ms(r["baselines"]["dense"]),
+                         times(r["ratio"].get("dense")),
                          *source(doc, r, name, base)])
     return table(["model, phase", "GEMMs", "logits", "ours ms, median (p20–p80)", "nn.Linear ms", "nn.Linear ÷ ours",
                   *TAIL], rows) + caveats(results, files, base)
+
+
+def checked(check: dict) -> str:
+    """The output check of a model record: benchmarks.model's one check of the logits, or
+    benchmarks.sparse_model's checks by output (each with ``ok``)."""
+    parts = [c for c in check.values() if isinstance(c, dict)] or [check]
+    if all(c.get("bit_identical") for c in parts):
+        return "bit-identical"
+    worst = max(c.get("max_abs_diff") or 0.0 for c in parts)
+    failed = any(c.get("ok") is False for c in parts)
+    return f"max diff {worst:.3g}" + (" (failed)" if failed else "") if "ok" in parts[0] else f"max diff {worst}"
 
 
 def us_ms(stats: dict) -> str:

@@ -299,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("benchmarks.model: no CUDA GPU visible to torch (--tiny --device cpu runs on the CPU)", file=sys.stderr)
         return 2
+    if device.type == "cuda" and device.index is None:  # as tensors name it: codegen.nn keys what ran by it
+        device = torch.device("cuda", torch.cuda.current_device())
     source = args.bundle or args.db or SeedKernels()
     kernels = kernels_from(source, ours_everywhere=args.ours_everywhere)
     config = config_dict(args.layers, args.vocab, args.tiny)

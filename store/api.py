@@ -170,7 +170,7 @@ class Store:
             pattern = sparse.lookup(p)
         except LookupError:
             return None
-        if (pattern.n, pattern.k, pattern.block) != (p.n, p.k, p.block) or not math.isclose(
+        if (pattern.n, pattern.k, pattern.block) != (*p.w_shape, p.block) or not math.isclose(  # W [out, in]
                 pattern.density, p.density, rel_tol=1e-9, abs_tol=1e-12):
             raise ValueError(f"problem {p.key}: its pattern {pattern.hash} is {pattern.n}x{pattern.k} in "
                              f"{pattern.block}x{pattern.block} blocks at density {pattern.density:g}, not the problem's")

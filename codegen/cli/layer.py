@@ -57,6 +57,13 @@ def register(commands: Commands) -> None:
                    help="rows of X (tokens per step) for every layer; several: the layers at each")
     p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
                    help="element type (default: each layer's weight dtype)")
+    p.add_argument("--pruned", type=Path, metavar="FILE", default=None,
+                   help="a pruned model of MODEL written by `codegen prune`: the layers it prunes are tuned as their "
+                        "block-sparse GEMMs on the file's patterns (forward, grad_input, sampled grad_weight), the "
+                        "others as dense (default: none)")
+    p.add_argument("--layers", metavar="REGEX", default=None,
+                   help="tune only the linear layers whose qualified name this regular expression matches (re.search) "
+                        "(default: every one)")
     add_tune_args(p)
     p.set_defaults(func=cmd_tune_model)
 
@@ -228,28 +235,49 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
-    from codegen.nn.tune import layer_problems, linear_layers, load_model
+    from codegen.nn.tune import SparseShape, layer_problems, linear_layers, load_model
 
     gpu_unless_replay(args)
     batches = list(dict.fromkeys(args.batch))
+    pruned = read_pruned_patterns(args.pruned) if args.pruned is not None else None
     try:
         model = load_model(args.model)
         shapes = {}
         for batch in batches:
-            shapes.update(linear_layers(model, batch, DType(args.dtype) if args.dtype else None))
+            shapes.update(linear_layers(model, batch, DType(args.dtype) if args.dtype else None, pruned=pruned,
+                                        layers=args.layers))
     except ValueError as e:
         raise UsageError(f"{args.model}: {e}") from None
     if not shapes:
         raise Failure(f"{args.model} has no nn.Linear layer")
     layers = sum(len(v) for v in shapes.values()) // len(batches)
+    sparse_layers = sum(len(v) for s, v in shapes.items() if isinstance(s, SparseShape)) // len(batches)
     at = f"batch {batches[0]}" if len(batches) == 1 else f"batches {', '.join(map(str, batches))}"
-    print(f"{layers} linear layer{'s' if layers != 1 else ''}, {len(shapes)} distinct shape"
-          f"{'s' if len(shapes) != 1 else ''} at {at}:", file=sys.stderr)
+    print(f"{layers} linear layer{'s' if layers != 1 else ''}"
+          + (f" ({sparse_layers} with a block-sparse W)" if sparse_layers else "")
+          + f", {len(shapes)} distinct shape{'s' if len(shapes) != 1 else ''} at {at}:", file=sys.stderr)
     for shape, names in shapes.items():
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
         print(f"  {shape.describe()}: {shown}", file=sys.stderr)
     layouts = asked_layouts(args)
     return run_tuning(args, {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts})
+
+
+def read_pruned_patterns(path: Path) -> dict:
+    """``--pruned``: the file's pruned layers and their patterns (codegen.nn.pruned.read_patterns); a
+    file that is not one is a usage error."""
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise UsageError("--pruned reads a safetensors file: pip install safetensors") from None
+    from codegen.nn.pruned import PruneError, read_patterns
+
+    if not path.is_file():
+        raise UsageError(f"--pruned {path}: no such file (write one with `codegen prune MODEL ... --out FILE`)")
+    try:
+        return read_patterns(path)
+    except PruneError as e:
+        raise UsageError(f"--pruned {e}") from None
 
 
 def gpu_unless_replay(args: argparse.Namespace) -> None:
@@ -339,6 +367,9 @@ def write_verdict_bundle(args: argparse.Namespace, store, problems: list, replay
     for s in index["skipped"]:
         print(f"skipped {s['problem']} on {s['device']}: {s['reason']}", file=sys.stderr)
     bundle = Bundle(args.bundle)
+    for e in bundle.entries:  # a block-sparse GEMM is timed on its pattern: each known here, from the store
+        if e["problem"].get("block") and e["problem"].get("pattern"):
+            store.pattern(e["problem"]["pattern"], register=True)
     why = engine_unavailable(args, replayed)
     if why is None:
         judge_in_engine_timing(bundle, margin=args.margin, say=lambda line: print(line, file=sys.stderr))

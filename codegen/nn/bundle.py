@@ -7,6 +7,10 @@ with nothing but the standard library; ``StoreKernels`` answers the same questio
 Both ``find(problem, device)``: a ``KernelFile`` (manifest, source and the kernel's verdict against
 cuBLAS, codegen.nn.verdict), or the reason there is none.
 
+A block-sparse W's GEMMs are problems of their own pattern (the key names the block, the density and
+the pattern's hash, and the entry's ``problem`` holds them), so a bundle holds kernels per pattern and
+a ``BlockSparseLinear`` finds its three GEMMs by its pattern's problems.
+
 Each index entry keeps ``verdicts`` (by timing: what measured it) and ``verdict``, the one that
 decides (codegen.nn.verdict.deciding): from the store's rows the search's cold single calls, and
 where ``codegen tune-model --bundle`` or ``pick-step`` measured more, engine or train-step timing.
@@ -193,8 +197,9 @@ class Bundle:
     def cublas_won_all(self, in_features: int, out_features: int, dtype: str, bias: bool) -> bool:
         """Whether the bundle holds GEMMs of this linear layer (any batch, any device) and cuBLAS won
         every one of them: then a model runs it best as torch's own ``nn.Linear`` (``replace_linear``
-        leaves it)."""
-        mine = [e for e in self.entries if e.get("layer", {}).get("in") == in_features
+        leaves it). Only a dense W's GEMMs count: a block-sparse layer of the same shape is another layer."""
+        mine = [e for e in self.entries if not (e.get("problem") or {}).get("block")
+                and e.get("layer", {}).get("in") == in_features
                 and e.get("layer", {}).get("out") == out_features and e.get("dtype") == dtype
                 and bool(e.get("bias")) == bias]
         return bool(mine) and all(

@@ -610,11 +610,16 @@ def replace_linear(model: nn.Module, kernels, *, ours_everywhere: bool | None = 
     """Swap every ``nn.Linear`` in ``model`` (in place) for a gemmscape ``Linear`` sharing its
     parameters, all with one ``Kernels`` from ``kernels`` (see ``kernels_from``; ``ours_everywhere``:
     see ``Kernels``). A layer for which a bundle holds GEMMs and cuBLAS won every one of them stays
-    torch's ``nn.Linear`` (said once in the log), unless ``ours_everywhere``. Returns ``model``; a model
-    that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
+    torch's ``nn.Linear`` (said once in the log), unless ``ours_everywhere``. A block-sparse layer
+    (``codegen.nn.sparse.BlockSparseLinear``, e.g. of a pruned model) runs on the same kernels from
+    then on. Returns ``model``; a model that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
+    from codegen.nn.sparse import BlockSparseLinear
+
     shared = kernels_from(kernels, ours_everywhere=ours_everywhere)
     if isinstance(model, nn.Linear) and not isinstance(model, Linear):
         return Linear.from_linear(model, shared)
+    if isinstance(model, BlockSparseLinear):
+        return model.use_kernels(shared)
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear) and not isinstance(child, Linear):
             if not _cublas_won_all(shared, child):

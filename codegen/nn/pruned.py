@@ -26,8 +26,8 @@ from codegen import sparse
 from codegen.nn.layer import kernels_from
 from codegen.nn.sparse import BlockSparseLinear
 
-__all__ = ["FORMAT", "PruneError", "load_model_weights", "load_pruned", "prune_model", "pruned_layers", "save_pruned",
-           "select_linears"]
+__all__ = ["FORMAT", "PruneError", "load_model_weights", "load_pruned", "prune_model", "pruned_layers", "read_patterns",
+           "save_pruned", "select_linears"]
 
 FORMAT = "gemmscape-pruned/1"
 META_KEY = "gemmscape.pruned"
@@ -145,6 +145,45 @@ def read_pruned(path) -> tuple[dict[str, torch.Tensor], dict]:
     if meta.get("format") != FORMAT or META_KEY not in meta:
         raise PruneError(f"{path} is not a pruned model written by `codegen prune` (format {FORMAT})")
     return tensors, json.loads(meta[META_KEY])
+
+
+#: safetensors' dtype names -> gemmscape's (codegen.problem.DType values).
+_FILE_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
+
+
+def read_patterns(path) -> dict[str, tuple[sparse.Pattern, dict]]:
+    """Each layer a pruned-model file prunes: name -> (its pattern, its description from the file's
+    metadata with ``dtype``: its blocks' element type, a codegen.problem.DType value, or the file's
+    own name of one gemmscape has no kernels for). Reads the metadata and the BSR index arrays only,
+    not the weights (what ``codegen tune-model --pruned`` needs). PruneError: not such a file, or a
+    damaged one."""
+    from safetensors import SafetensorError, safe_open
+
+    out = {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT or META_KEY not in meta:
+                raise PruneError(f"{path} is not a pruned model written by `codegen prune` (format {FORMAT})")
+            keys = set(f.keys())
+            for name, info in json.loads(meta[META_KEY]).items():
+                names = [f"{_at(name)}{t}" for t in ("indptr", "indices", "blocks")]
+                if not all(n in keys for n in names) or len(info.get("shape", ())) != 2:
+                    raise PruneError(f"{path}: layer {name or '(model)'} lacks its shape or one of "
+                                     f"{', '.join(names)} (a damaged file)")
+                out_f, in_f = info["shape"]
+                pattern = sparse.Pattern(out_f, in_f, info["block"], f.get_tensor(names[0]).numpy(),
+                                         f.get_tensor(names[1]).numpy())
+                if pattern.hash != info.get("pattern"):
+                    raise PruneError(f"{path}: the indptr and indices of layer {name or '(model)'} are not its "
+                                     f"pattern {info.get('pattern')} (a damaged file)")
+                held = f.get_slice(names[2]).get_dtype()
+                out[name] = (pattern, {**info, "dtype": _FILE_DTYPES.get(held, held)})
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as e:
+        if isinstance(e, PruneError):
+            raise
+        raise PruneError(f"cannot read {path} as a pruned model: {type(e).__name__}: {e}") from None
+    return out
 
 
 def load_pruned(model: nn.Module, path, *, kernels=None) -> nn.Module:

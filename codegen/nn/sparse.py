@@ -11,7 +11,9 @@ construction; db = Σ dY comes from the kernel where it writes it, else from tor
 kernel (no tuned one for the problem, a CPU tensor, another dtype, a kernel whose verdict says dense
 cuBLAS won, unless the ``Kernels`` run ours everywhere) runs torch instead, computing the
 same thing from the blocks (a dense W scattered from them, dW gathered at them), and the reason is
-logged once per problem and device (logger ``gemmscape.nn``). Nothing waits on the host, so a
+logged once per problem and device (logger ``gemmscape.nn``). Where the verdict said dense cuBLAS
+won an inference forward (no autograd), the dense W is kept between calls while the blocks do not
+change, so the layer runs as fast as the dense one would (with its memory). Nothing waits on the host, so a
 captured CUDA graph replays it (call the layer once before capturing: kernels compile on first use).
 
 Kernels come as for ``codegen.nn.Linear`` (``kernels``: a bundle folder, a store or its URL, a
@@ -124,6 +126,8 @@ class BlockSparseLinear(nn.Module):
         self.register_buffer("t_indices", torch.as_tensor(t.indices, device=device), persistent=False)
         self.register_buffer("t_order", torch.as_tensor(order.T[t.mask()], device=device), persistent=False)
         self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = _Cache()
+        self._cublas_won: dict[tuple, bool] = _Cache()  # a GEMM's key -> a verdict said dense cuBLAS beats ours
+        self._kept: dict[str, tuple] = _Cache()  # "w" -> (the blocks' identity, W dense), see _kept_dense
 
     @property
     def pattern(self) -> sparse.Pattern:
@@ -162,6 +166,14 @@ class BlockSparseLinear(nn.Module):
     def _zero_padding(self, blocks: torch.Tensor) -> torch.Tensor:
         dense = blocks_to_dense(blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
         return dense_to_blocks(dense, self.rows, self.cols, self.block)
+
+    def use_kernels(self, kernels) -> BlockSparseLinear:
+        """Run on ``kernels`` (as the constructor takes them) from now on: the GEMMs resolved so far are
+        looked up again. Returns the layer."""
+        self.kernels = kernels_from(kernels)
+        for cache in (self._gemms, self._cublas_won, self._kept):
+            cache.clear()
+        return self
 
     # ---- conversions ----------------------------------------------------------------------------------
     @classmethod
@@ -223,7 +235,7 @@ class BlockSparseLinear(nn.Module):
                                         or (bias is not None and bias.requires_grad)):
             y = _BlockSparseFunction.apply(x2, blocks, bias, self)
         else:  # nothing to differentiate: the forward GEMM without autograd's bookkeeping
-            y = self._forward(x2, blocks, bias)
+            y = self._forward(x2, blocks, bias, inference=True)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def _gemm(self, layout: Layout, batch: int, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
@@ -241,6 +253,8 @@ class BlockSparseLinear(nn.Module):
             problem = self.problem(layout, batch, DTYPES[dtype], bias)
             compiled = self.kernels.kernel(problem, device)
             got = (problem, compiled) if compiled is not None else None
+            if got is None and (self.kernels.used(problem, device) or "").startswith("torch: cuBLAS won"):
+                self._cublas_won[key] = True
         self._gemms[key] = got
         return got
 
@@ -257,10 +271,13 @@ class BlockSparseLinear(nn.Module):
         dtype = dtype or DTYPES[self.blocks.dtype]
         return {layout: self.problem(layout, batch, dtype) for layout in Layout}
 
-    def _forward(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        found = self._gemm(Layout.forward, x.shape[0], x.dtype, blocks.dtype, x.device, bias is not None)
+    def _forward(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
+                 inference: bool = False) -> torch.Tensor:
+        key = (Layout.forward, x.shape[0], x.dtype, blocks.dtype, x.device, bias is not None)
+        found = self._gemm(*key)
         if found is None or x.shape[1] != self.in_features:
-            return F.linear(x, self._dense(blocks), bias)
+            keep = inference and key in self._cublas_won
+            return F.linear(x, self._kept_dense(blocks) if keep else self._dense(blocks), bias)
         problem, k = found
         y = torch.empty((problem.m, problem.n), dtype=x.dtype, device=x.device)
         k({"y": y, "x": _ready(x), "weight": _ready(blocks), "bias": _ready(bias) if bias is not None else None,
@@ -296,6 +313,25 @@ class BlockSparseLinear(nn.Module):
 
     def _dense(self, blocks: torch.Tensor) -> torch.Tensor:
         return blocks_to_dense(blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
+
+    def _kept_dense(self, blocks: torch.Tensor) -> torch.Tensor:
+        """W dense for an inference forward whose verdict says dense cuBLAS beats our kernel: made once
+        and kept while the blocks are unchanged (the parameter's storage and version: an in-place
+        update, an optimizer step or a loaded state dict makes it anew), so the layer then costs what
+        the dense layer costs, and holds a dense W's memory. Made but not kept while a CUDA graph is
+        being captured (the capture computes nothing until it is replayed): warm the layer up first."""
+        p = self.blocks
+        if blocks.data_ptr() != p.data_ptr() or blocks.dtype != p.dtype or blocks.shape != p.shape:
+            return self._dense(blocks)  # not the parameter itself (an autocast copy): nothing to key it by
+        key = (p.data_ptr(), p._version, p.dtype, p.device)
+        hit = self._kept.get("w")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with torch.no_grad():
+            dense = self._dense(blocks)
+        if not (dense.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._kept["w"] = (key, dense)
+        return dense
 
     def extra_repr(self) -> str:
         where = getattr(self.kernels.source, "location", None) or "none"

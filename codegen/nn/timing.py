@@ -12,6 +12,12 @@ as the layer runs it) and torch's ``F.linear`` (cuBLAS) are captured alike and t
 rounds. Before timing, every copy's output of ours is checked against float64 (poisoned with NaN
 first, then written by a replay of the graph).
 
+A block-sparse W is timed the same way: ``copies`` ``BlockSparseLinear`` layers on the problem's pattern
+(distinct values; their kept blocks together at least ``L2_FACTOR`` L2 caches), each called under
+no_grad as the layer runs in inference, against ``F.linear`` on each copy's dense W (dense cuBLAS, the
+baseline a block-sparse kernel must beat). ``time_in_graphs`` is the harness itself, for any pair
+of forward calls over copies.
+
 ``engine_timing`` gives the times; ``engine_verdict`` judges one tuned kernel against cuBLAS this way
 (codegen.nn.verdict, timing ``engine``), as ``codegen tune-model --bundle`` does for the forward GEMMs
 of at most ``codegen.nn.verdict.ENGINE_MAX_M`` rows. benchmarks/engine.py times LLaMA-3-8B's layers
@@ -29,7 +35,8 @@ from codegen.nn import verdict as verdicts
 from codegen.problem import DType, Layout, Problem
 
 __all__ = ["L2_FACTOR", "MAX_COPIES", "MIN_CALLS", "MIN_COPIES", "EngineJudged", "EngineTiming", "calls_for",
-           "copies_for", "engine_candidates", "engine_timing", "engine_verdict", "judge_in_engine_timing", "stats"]
+           "copies_for", "engine_candidates", "engine_timing", "engine_verdict", "judge_in_engine_timing",
+           "sparse_copies", "stats", "time_in_graphs"]
 
 #: The weights of one replay are at least this many times the L2 cache.
 L2_FACTOR = 4
@@ -86,12 +93,14 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 def engine_timing(problem: Problem, kernels, *, l2_bytes: int | None = None, reps: int = REPS,
                   rounds: int = ROUNDS) -> EngineTiming:
     """Engine timing of ``problem`` (a forward GEMM) with ``kernels`` (a codegen.nn ``Kernels``) and
-    with torch's op on the current GPU (see the module docstring)."""
+    with torch's op on the current GPU (see the module docstring). A block-sparse W (its pattern
+    registered in this process: codegen.sparse.lookup) runs as ``codegen.nn.sparse.BlockSparseLinear``
+    layers, one per copy, against ``F.linear`` on each copy's dense W (the same values, zeros outside
+    the kept blocks): dense cuBLAS, as a bundle's verdicts take it."""
     import torch
     import torch.nn.functional as F
 
     from codegen.nn.layer import linear_forward
-    from codegen.nn.step import capture, relative_error
 
     if problem.layout is not Layout.forward:
         raise ValueError(f"engine timing runs the layer's forward, not {problem.key}")
@@ -101,33 +110,83 @@ def engine_timing(problem: Problem, kernels, *, l2_bytes: int | None = None, rep
     if l2_bytes is None:
         l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     m, n, k = problem.m, problem.n, problem.k
-    copies = copies_for(n * k * dtype.itemsize, l2_bytes)
+    # The bytes of one weight copy as ours reads it: W, or a block-sparse W's kept blocks and block columns.
+    weight_bytes = (problem.nnzb * problem.block ** 2 * dtype.itemsize + 4 * problem.nnzb if problem.sparse
+                    else n * k * dtype.itemsize)
+    copies = copies_for(weight_bytes, l2_bytes)
     calls = calls_for(copies)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) * k ** -0.5 for _ in range(copies)]
     xs = [torch.randn(m, k, device="cuda", dtype=dtype, generator=gen) for _ in range(copies)]
     bs = [torch.randn(n, device="cuda", dtype=dtype, generator=gen) if problem.bias else None for _ in range(copies)]
+    if problem.sparse:
+        layers = sparse_copies(problem, kernels, copies, bs, gen)
+        ws = [layer.dense_weight().detach() for layer in layers]
 
-    def ours():
-        return [linear_forward(kernels, xs[i % copies], ws[i % copies], bs[i % copies]) for i in range(calls)]
+        def ours_call(i):
+            with torch.no_grad():
+                return layers[i](xs[i])
+    else:
+        ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) * k ** -0.5 for _ in range(copies)]
 
-    def theirs():
-        return [F.linear(xs[i % copies], ws[i % copies], bs[i % copies]) for i in range(calls)]
+        def ours_call(i):
+            return linear_forward(kernels, xs[i], ws[i], bs[i])
 
-    ours()  # loads (compiles) our kernel outside the capture, and allocates its tile counters
+    def exact(i):
+        y = xs[i].double() @ ws[i].double().T
+        return y + bs[i].double() if bs[i] is not None else y
+
+    ours, theirs, rel = time_in_graphs(ours_call, lambda i: F.linear(xs[i], ws[i], bs[i]), exact, copies, calls,
+                                       reps=reps, rounds=rounds)
+    ran = kernels.used(problem, xs[0].device) or "torch: not asked"
+    engine = {"copies": copies, "calls_per_replay": calls, "weight_bytes": weight_bytes, "l2_bytes": l2_bytes,
+              "replays": len(ours)}
+    if problem.sparse:
+        engine["dense_weight_bytes"] = n * k * dtype.itemsize  # what cuBLAS reads per call
+    return EngineTiming(ours, theirs, ran, rel, engine, problem.dtype)
+
+
+def sparse_copies(problem: Problem, kernels, copies: int, biases: list, gen) -> list:
+    """``copies`` BlockSparseLinear layers on ``problem``'s pattern (random values, ``biases`` theirs),
+    on the GPU, all finding their kernels in ``kernels``: what engine timing calls for a block-sparse W."""
+    import torch
+
+    from codegen import sparse
+    from codegen.nn.sparse import BlockSparseLinear
+
+    pattern = sparse.lookup(problem)
+    dtype = getattr(torch, TORCH_DTYPES[problem.dtype.value])
+    layers = []
+    for i in range(copies):
+        blocks = torch.randn(pattern.nnzb, pattern.block, pattern.block, device="cuda", dtype=dtype,
+                             generator=gen) * problem.k ** -0.5
+        layers.append(BlockSparseLinear.from_blocks(pattern.k, pattern.n, pattern, blocks, biases[i], kernels=kernels,
+                                                    dtype=dtype, device="cuda").eval())
+    return layers
+
+
+def time_in_graphs(ours: Callable[[int], object], theirs: Callable[[int], object], exact: Callable[[int], object],
+                   copies: int, calls: int, *, reps: int = REPS, rounds: int = ROUNDS) -> tuple[list, list, float]:
+    """The engine harness itself: ``ours(i)`` and ``theirs(i)`` (a forward on copy ``i``'s weight,
+    returning its output) each called ``calls`` times over the ``copies`` in turn inside one captured
+    CUDA graph; every copy's output of ours checked against ``exact(i)`` (float64) after a replay that
+    must overwrite NaN; then both graphs replayed in ``rounds`` alternating rounds (each first in half of
+    them). Returns (ms per call of each replay of ours, the same of theirs, ours' worst relative error)."""
+    import torch
+
+    from codegen.nn.step import capture, relative_error
+
+    def run(fn):
+        return lambda: [fn(i % copies) for i in range(calls)]
+
+    run(ours)()  # loads (compiles) our kernels outside the capture, and allocates their tile counters
     graphs = {}
-    for label, fn in (("ours", ours), ("torch", theirs)):
+    for label, fn in (("ours", run(ours)), ("torch", run(theirs))):
         graph, outputs = capture(fn)
         for y in outputs:
             y.fill_(float("nan"))  # a replay must write every output
         graph.replay()
         graphs[label] = (graph, outputs)
     torch.cuda.synchronize()
-
-    def exact(i):
-        y = xs[i].double() @ ws[i].double().T
-        return y + bs[i].double() if bs[i] is not None else y
-
     rel = max(relative_error(exact(i), graphs["ours"][1][i]) for i in range(copies))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times: dict[str, list[float]] = {"ours": [], "torch": []}
@@ -142,10 +201,7 @@ def engine_timing(problem: Problem, kernels, *, l2_bytes: int | None = None, rep
                 end.record()
                 end.synchronize()
                 times[label].append(start.elapsed_time(end) / calls)
-    ran = kernels.used(problem, xs[0].device) or "torch: not asked"
-    engine = {"copies": copies, "calls_per_replay": calls, "weight_bytes": n * k * dtype.itemsize,
-              "l2_bytes": l2_bytes, "replays": len(times["ours"])}
-    return EngineTiming(times["ours"], times["torch"], ran, rel, engine, problem.dtype)
+    return times["ours"], times["torch"], rel
 
 
 def engine_verdict(problem: Problem, file, *, reps: int = REPS, rounds: int = ROUNDS,

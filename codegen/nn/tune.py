@@ -7,7 +7,10 @@ for, else in every family that fits the problem (``families_for``: search.fit's 
 Hopper's backward GEMMs of rows that break TMA's 16-byte rule, or any Hopper kernel off sm_90:
 search.fit.generated). The store keeps every family's results, and a bundle or codegen.nn takes the
 fastest; one progress bar counts all trials. Finding a model's layers needs torch
-(``linear_layers``).
+(``linear_layers``): its ``nn.Linear`` layers (``LayerShape``) and its block-sparse ones
+(``SparseShape``: a ``codegen.nn.sparse.BlockSparseLinear``, or a layer a pruned-model file names,
+``codegen tune-model --pruned``), whose three GEMMs are block-sparse problems carrying the block, the
+density and the pattern's hash, so that a bundle holds kernels per pattern.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 from codegen.problem import DType, Layout, Problem, linear_problems
 
-__all__ = ["LayerShape", "TuneResult", "families_for", "layer_problems", "linear_layers", "load_model", "tune"]
+__all__ = ["LayerShape", "SparseShape", "TuneResult", "families_for", "layer_problems", "linear_layers", "load_model",
+           "tune"]
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -39,6 +44,43 @@ class LayerShape:
         return f"{self.batch}x{self.in_features}->{self.out_features} {self.dtype.value}" + (" +bias" if self.bias else "")
 
 
+@dataclass(frozen=True)
+class SparseShape:
+    """One linear layer whose W is block-sparse (codegen.nn.sparse.BlockSparseLinear) as tuned: batch,
+    in and out features, dtype, bias, and W's pattern of kept blocks by its hash (registered in this
+    process: ``of`` registers it). Its GEMMs are the layer's own problems: the block-sparse forward,
+    grad_input (W read as Wᵀ in BSR) and grad_weight sampled at the kept blocks."""
+
+    batch: int
+    in_features: int
+    out_features: int
+    dtype: DType
+    bias: bool
+    block: int
+    density: float
+    pattern: str
+
+    @classmethod
+    def of(cls, batch: int, pattern, dtype: DType, bias: bool) -> SparseShape:
+        """The shape of a layer of ``pattern`` (a codegen.sparse.Pattern of W [out, in]), registered here."""
+        from codegen import sparse
+
+        return cls(batch, pattern.k, pattern.n, DType(dtype), bool(bias), pattern.block, pattern.density,
+                   sparse.register(pattern))
+
+    def problems(self) -> dict[Layout, Problem]:
+        """The layer's three GEMMs (codegen.sparse.problem_for), as BlockSparseLinear.problems gives them."""
+        from codegen import sparse
+
+        pattern = sparse.lookup(self.pattern)
+        return {layout: sparse.problem_for(self.batch, pattern, self.dtype, self.bias and layout is not Layout.grad_input,
+                                           layout) for layout in Layout}
+
+    def describe(self) -> str:
+        return (f"{self.batch}x{self.in_features}->{self.out_features} {self.dtype.value}" + (" +bias" if self.bias else "")
+                + f", W block-sparse: blocks of {self.block}, density {self.density:.4g}, pattern {self.pattern[:8]}")
+
+
 @dataclass
 class TuneResult:
     """What tuning one problem gave: the search summary, or why it was skipped."""
@@ -50,7 +92,7 @@ class TuneResult:
     family: str = ""
 
 
-def layer_problems(shapes: dict[LayerShape, list[str]]) -> dict[Problem, list[str]]:
+def layer_problems(shapes: dict[LayerShape | SparseShape, list[str]]) -> dict[Problem, list[str]]:
     """Every GEMM of the given layers, each once, with the layers (names) that use it."""
     out: dict[Problem, list[str]] = {}
     for shape, names in shapes.items():
@@ -227,20 +269,52 @@ def load_model(target: str, weights: bool = False):
     return model
 
 
-def linear_layers(model, batch: int, dtype: DType | None = None) -> dict[LayerShape, list[str]]:
-    """Every ``nn.Linear`` of ``model`` (by qualified name) grouped by shape at ``batch`` rows; the
-    dtype is ``dtype``, else each layer's weight's (fp32, fp16, bf16)."""
+def linear_layers(model, batch: int, dtype: DType | None = None, *, pruned: dict | None = None,
+                  layers: str | None = None) -> dict[LayerShape | SparseShape, list[str]]:
+    """Every linear layer of ``model`` (by qualified name) grouped by shape at ``batch`` rows: an
+    ``nn.Linear`` as a ``LayerShape``, a ``BlockSparseLinear`` as a ``SparseShape`` of its pattern,
+    and so is an ``nn.Linear`` that ``pruned`` names (codegen.nn.pruned.read_patterns: a pruned-model
+    file's layers, name -> (pattern, description)). The dtype is ``dtype``, else each layer's weight's
+    (fp32, fp16, bf16; for a pruned layer, its blocks' in the file). ``layers``: only the layers whose
+    name this regular expression matches (re.search). ValueError: a layer ``pruned`` names that the
+    model does not have as a linear layer of that shape, a weight dtype gemmscape has no kernels
+    for, a ``layers`` that is no regular expression or matches no linear layer."""
+    import re
+
     import torch
 
-    by_torch = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-    shapes: dict[LayerShape, list[str]] = {}
-    for name, layer in model.named_modules():
-        if not isinstance(layer, torch.nn.Linear):
-            continue
-        d = dtype or by_torch.get(layer.weight.dtype)
-        if d is None:
-            raise ValueError(f"layer {name or '(model)'} holds {layer.weight.dtype} weights; give --dtype")
-        shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None)
-        shapes.setdefault(shape, []).append(name or "(model)")
-    return shapes
+    from codegen.nn.sparse import BlockSparseLinear
 
+    by_torch = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
+    try:
+        regex = re.compile(layers) if layers is not None else None
+    except re.error as e:
+        raise ValueError(f"--layers {layers!r} is not a regular expression: {e}") from None
+    pruned = pruned or {}
+    found = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear | BlockSparseLinear)}
+    for name, (pattern, _info) in pruned.items():
+        layer = found.get(name)
+        if layer is None or (layer.out_features, layer.in_features) != (pattern.n, pattern.k):
+            raise ValueError(f"the pruned file prunes layer {name or '(model)'} of W {pattern.n}x{pattern.k}, which the "
+                             f"model does not have as a linear layer of that shape")
+    shapes: dict[LayerShape | SparseShape, list[str]] = {}
+    for name, layer in found.items():
+        if regex is not None and not regex.search(name):
+            continue
+        if name in pruned or isinstance(layer, BlockSparseLinear):
+            pattern, info = pruned[name] if name in pruned else (layer.pattern, {"dtype": layer.blocks.dtype,
+                                                                               "bias": layer.bias is not None})
+            held = info["dtype"]  # a torch dtype (a layer of the model) or a DType value (the file's blocks)
+            d = dtype or (by_torch.get(held) if not isinstance(held, str) else
+                          DType(held) if held in DType._value2member_map_ else None)
+            shape = SparseShape.of(batch, pattern, d, info["bias"]) if d is not None else None
+        else:
+            d = dtype or by_torch.get(layer.weight.dtype)
+            shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None) if d else None
+            held = layer.weight.dtype
+        if shape is None:
+            raise ValueError(f"layer {name or '(model)'} holds {held} weights; give --dtype")
+        shapes.setdefault(shape, []).append(name or "(model)")
+    if regex is not None and not shapes:
+        raise ValueError(f"--layers {layers!r} matches no linear layer of the model")
+    return shapes

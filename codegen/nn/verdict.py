@@ -7,6 +7,14 @@ ours only where the ratio clears 1 + margin; a tie within the noise goes to cuBL
 swaps our kernels in must never be slower by that choice. Where nothing measured cuBLAS, the winner
 is ``unknown`` (codegen.nn then runs ours, as before verdicts existed, and says so once in its log).
 
+One rule for a block-sparse W too: there cuBLAS is the dense layer, ``F.linear`` (or dY·W, dYᵀ·X) on
+the same W as a dense matrix, zeros outside the kept blocks, timed by each harness beside ours; a
+block-sparse kernel runs only where it beats the dense layer, since a user who prunes a model and then
+runs it slower than before gained nothing. Where it does not, ``codegen.nn.sparse.BlockSparseLinear``
+runs torch on that dense W: kept between inference calls (so it costs what the dense layer costs, and
+holds its memory), scattered from the blocks in a train step (whose dW is dense dYᵀ·X gathered at the
+kept blocks).
+
 The harnesses (``TIMINGS``):
 
 - ``cold_single``: one call after an L2 flush, as the search measures every trial (codegen.engine);

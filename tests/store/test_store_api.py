@@ -13,7 +13,7 @@ import pytest
 
 from codegen import sparse
 from codegen.families.simt import Spec as SimtSpec
-from codegen.problem import DType, Problem
+from codegen.problem import DType, Layout, Problem
 from codegen.sparse import Pattern, problem_for
 from store import Store
 
@@ -125,6 +125,19 @@ def test_an_unregistered_pattern_is_filled_in_later(store: Store, monkeypatch: p
     assert store.problems()[0]["pattern"] == pattern.hash
     sparse.register(pattern)
     assert store.problem(problem) == first and store.pattern(pattern.hash).hash == pattern.hash
+
+
+def test_a_block_sparse_backward_problem_is_stored_with_its_w_s_pattern(store: Store) -> None:
+    """grad_input reads W [out, in] as N = in, K = out, grad_weight writes it as M = out, N = in
+    (Problem.w_shape): the pattern is W's in every layout, and one that is not still is refused."""
+    pattern = Pattern.random(96, 64, 16, 0.5, seed=5)  # W [out 96, in 64]
+    for layout in Layout:
+        store.problem(problem_for(32, pattern, DType.bf16, layout=layout))
+    assert sorted(p["layout"] for p in store.problems()) == ["forward", "grad_input", "grad_weight"]
+    assert store.patterns()[0]["hash"] == pattern.hash
+    with pytest.raises(ValueError, match="not the problem's"):  # the forward's N and K in grad_input
+        store.problem(Problem(32, 96, 64, layout=Layout.grad_input, block=16, density=pattern.density,
+                              pattern=pattern.hash))
 
 
 def test_a_pattern_that_is_not_the_problems_is_refused(store: Store) -> None:

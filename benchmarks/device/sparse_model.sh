@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# On a lent H100/H200, in one call (about 6-8 minutes): LLaMA-3-8B dims with its MLP pruned to block-sparse W
+# (densities 0.25 and 0.1, blocks of 64) against its dense twin on cuBLAS (benchmarks/sparse_model.py).
+#
+# MODE=seeds (default): no tuning.
+#  1. benchmarks.sparse_model, every phase (decode at batch 1 and 16 on a static KV cache of 1024 positions
+#     in a CUDA graph, prefill of 2048 tokens, one pruned layer's train step, the sparse GEMMs in engine
+#     timing at M = 1, 16, 64) on the families' built-in seeds (BUNDLE=DIR: that bundle's kernels instead).
+#  2. the engine phase again on the direct family's seeds first (--seeds direct tensorcore), the family
+#     made for block-sparse W at small batches, which the default seeds do not take.
+# MODE=tune: layer 0's MLP up and down projections tuned on their pruned patterns, then timed.
+#  1. codegen prune benchmarks/model.py:llama3_8b_dims (the benchmark's own weights and patterns) at each density.
+#  2. codegen tune-model --pruned FILE on those two layers' forward GEMMs at M = TUNE_BATCHES (1 16), families
+#     TUNE_FAMILIES (direct tensorcore), budget BUDGET (20) per GEMM and family, into one store and bundle;
+#     forward GEMMs of at most 128 rows are judged again in engine timing, against dense cuBLAS.
+#  3. benchmarks.sparse_model --phases engine --bundle: the tuned kernels against dense cuBLAS in engine timing
+#     (the engine phase only: the bundle holds those two layers' GEMMs, not the whole model's).
+# Each step under its own time limit, its log in $OUT/<step>.log and its wall time printed; the JSON records
+# (and in MODE=tune the bundle, tar.gz, and the store, gzipped) come back in $OUT; a short table last.
+# usage (device tool, carry .whl): bash benchmarks/device/sparse_model.sh
+# env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), BUDGET (20), TUNE_BATCHES ("1 16"),
+#      TUNE_FAMILIES ("direct tensorcore"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
+#      GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+MODE=${MODE:-seeds}
+BUDGET=${BUDGET:-20}
+read -r -a tune_batches <<< "${TUNE_BATCHES:-1 16}"
+tune_families=()
+for f in ${TUNE_FAMILIES:-direct tensorcore}; do tune_families+=(--family "$f"); done
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
+  || { echo "sparse_model.sh: transformers is not importable here"; exit 1; }
+
+step() {  # step NAME LIMIT_S COMMAND...: run under a limit (SIGINT first: tune-model then writes what it stored)
+  local name=$1 limit=$2; shift 2
+  SECONDS=0
+  timeout -s INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in ${SECONDS} s (limit $limit s)" | tee -a "$OUT/$name.log" "$OUT/steps.txt"
+  grep -E "^wrote|engine timing|^decode|capture failed|Traceback|Error" "$OUT/$name.log" | tail -8
+}
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  step gpu-tests 120 python3 -m pytest tests/gpu/test_sparse_engine.py -q -p no:cacheprovider -o addopts="" -rfE
+  grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -3
+fi
+
+if [ "$MODE" = tune ]; then
+  DB="sqlite:///$OUT/sparse.db"
+  LAYERS='layers\.0\.mlp\.(up|down)_proj'
+  for d in 0.25 0.1; do
+    step "prune-$d" "${T_PRUNE:-60}" python3 -m codegen prune benchmarks/model.py:llama3_8b_dims --density "$d" \
+      --block 64 --layers "$LAYERS" --out "/tmp/pruned-d$d.safetensors"
+  done
+  for d in 0.25 0.1; do
+    step "tune-$d" "${T_TUNE:-170}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims \
+      --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch "${tune_batches[@]}" --layout forward \
+      "${tune_families[@]}" --budget "$BUDGET" --db "$DB" --bundle "$OUT/bundle" --quiet
+  done
+  [ -f "$OUT/bundle/index.json" ] || step export 30 python3 -m codegen export --bundle "$OUT/bundle" --db "$DB"
+  step engine "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases engine --bundle "$OUT/bundle" \
+    --engine-batches "${tune_batches[@]}" --out "$OUT"
+  rm -f /tmp/pruned-d*.safetensors
+  python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" \
+    "$OUT/sparse.db" 2>/dev/null
+  gzip -9f "$OUT/sparse.db"
+  [ -d "$OUT/bundle" ] && tar -czf "$OUT/bundle.tar.gz" -C "$OUT" bundle && rm -rf "$OUT/bundle"
+else
+  step sparse-model "${T_MODEL:-330}" python3 -m benchmarks.sparse_model ${BUNDLE:+--bundle "$BUNDLE"} --out "$OUT"
+  if [ -z "${BUNDLE:-}" ]; then
+    step engine-direct "${T_DIRECT:-120}" python3 -m benchmarks.sparse_model --phases engine --seeds direct tensorcore \
+      --out "$OUT"
+  fi
+fi
+
+nvidia-smi --query-gpu=clocks.sm,temperature.gpu --format=csv,noheader
+cat "$OUT/steps.txt"
+python3 - "$OUT" <<'PY'
+import glob, json, sys
+for path in sorted(glob.glob(f"{sys.argv[1]}/sparse_model-*.json")):
+    doc = json.load(open(path))
+    print(f"{path.rsplit('/', 1)[1]} ({doc['device']}), kernels {doc['kernels'].get('location')} "
+          f"seeds {doc['kernels'].get('seeds')}")
+    for r in doc["records"]:
+        p, o, ratio = r["problem"], r["ours"], next(iter(r["ratio"].values()))
+        base = next(iter(r["baselines"].values()))
+        what = f"{p['m']}x{p['n']}x{p['k']}" if "m" in p else f"{p['phase']} {p['batch']}x{p['tokens']}"
+        ran = o.get("ran") or f"ours {len(o['gemms']['ours'])} torch {len(o['gemms']['torch'])}"
+        checks = o.get("check", {})
+        worst = max((c.get("rel_error", 0.0) for c in checks.values()), default=o.get("rel_error"))
+        print(f"  d{p['density']:<5g} {what:22s} ours {o['median_ms'] * 1e3:9.1f} us  dense {base['median_ms'] * 1e3:9.1f}"
+              f" us  {'WRONG' if ratio is None else f'{ratio:.2f}x':>6s}  {r['timing']:6s} rel.err {worst:.1e}  {ran[:70]}")
+PY
