@@ -101,7 +101,7 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern):
     w = to_float64(to_storage(w, DType.bf16), DType.bf16).astype(np.float32)  # exact in bf16
     packed = sparse24.compress(w)
     x = to_float64(to_storage(rng.uniform(-1, 1, (m, k)).astype(np.float32), DType.bf16), DType.bf16)
-    cu, js = export_files(spec, problem, None, "sm_80")
+    cu, js = export_files(spec, problem, None, "sm_90")  # the lent GPUs are sm_90
     y = _launch_from_manifest(cu, json.loads(js), to_storage(x.astype(np.float32), DType.bf16), None, None,
                               operands={"WC": to_storage(packed.values, DType.bf16),
                                         "WE": sparse24.metadata_m16n8k32(packed)})
@@ -114,7 +114,7 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern):
 def test_an_export_runs_from_its_manifest_alone(dtype):
     problem = Problem(67, 45, 91, dtype, bias=True, sparsity="2:4")
     spec = Spec(dtype=dtype, bias=True, split_k=2, reduce="two_pass", bm=32, bn=32, bk=32, wm=16, wn=16)
-    cu, js = export_files(spec, problem, None, "sm_80")
+    cu, js = export_files(spec, problem, None, "sm_90")  # the lent GPUs are sm_90
     manifest = json.loads(js)
     rng = np.random.default_rng()
     x = rng.uniform(-1, 1, (67, 91)).astype(np.float32)
