@@ -1,0 +1,68 @@
+"""The metadata of wgmma.mma_async.sp m64nNk32 (codegen.sparse24.metadata_m64nnk32) against a numpy
+model of the instruction (tests/wgmma_sp_model.py): packer, the kernel's register loads and the
+instruction together reproduce X · (pruned W)ᵀ, for ragged N and K."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen import sparse24
+from tests.wgmma_sp_model import kernel_registers, wgmma_sp_m64nnk32
+
+
+@pytest.mark.parametrize(("n", "k", "m"), [(1, 1, 1), (64, 32, 8), (70, 37, 24), (130, 96, 16), (200, 5, 40)])
+def test_wgmma_sp_reproduces_pruned_product(n, k, m):
+    rng = np.random.default_rng(n * 1000 + k)
+    w = rng.standard_normal((n, k))
+    x = rng.standard_normal((m, k))
+    packed = sparse24.compress(w, sparse24.mask24(w))
+    words = sparse24.metadata_m64nnk32(packed)
+    we16 = sparse24.metadata_m16n8k32(packed)
+    kp = packed.kp
+    blocks = -(-n // 64)
+    assert words.shape == (blocks, kp // 32, 4, 16)
+    rows = 64 * blocks
+    kept = np.zeros((rows, kp // 2))
+    kept[:n] = packed.values
+    xp = np.zeros((m, kp))
+    xp[:, :k] = x
+    yt = np.zeros((rows, m))  # Yᵀ = W_sparse · Xᵀ: W on the instruction's M side, X its N side
+    for b in range(blocks):
+        for s in range(kp // 32):
+            e = np.zeros(128, dtype=np.uint32)
+            for w_ in range(4):
+                for g in range(8):
+                    for h in range(2):  # selector 0: lanes 4g, 4g+1; lanes 4g+2, 4g+3 unread
+                        e[32 * w_ + 4 * g + h] = words[b, s, w_, 2 * g + h]
+                        e[32 * w_ + 4 * g + 2 + h] = 0  # an invalid code, never read with selector 0
+            e_kernel = kernel_registers(we16, b, s)
+            for tid in range(128):
+                if tid % 4 < 2:
+                    assert e_kernel[tid] == e[tid]
+            a_kept = kept[64 * b:64 * b + 64, 16 * s:16 * s + 16]
+            yt[64 * b:64 * b + 64] += wgmma_sp_m64nnk32(a_kept, xp[:, 32 * s:32 * s + 32].T, e_kernel)
+    expected = x @ sparse24.prune24(w).T
+    np.testing.assert_allclose(yt[:n].T, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_metadata_m64nnk32_is_m16n8k32_regrouped():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((100, 70))
+    packed = sparse24.compress(w, sparse24.mask24(w))
+    words, we16 = sparse24.metadata_m64nnk32(packed), sparse24.metadata_m16n8k32(packed)
+    for blk in range(we16.shape[0]):
+        np.testing.assert_array_equal(words[blk // 4, :, blk % 4], we16[blk])
+    assert np.all(words[1, :, 3] == 0x44444444)  # rows 112..127: past n, zero groups
+    assert words.dtype == np.uint32 and words.flags.c_contiguous
+
+
+def test_model_rejects_invalid_codes_and_selector_1_reads_other_lanes():
+    a = np.ones((64, 16))
+    b = np.eye(32)
+    with pytest.raises(ValueError, match="invalid"):
+        wgmma_sp_m64nnk32(a, b, np.zeros(128, dtype=np.uint32))
+    e = np.zeros(128, dtype=np.uint32)
+    e[[t for t in range(128) if t % 4 >= 2]] = 0x44444444
+    d = wgmma_sp_m64nnk32(a, b, e, selector=1)
+    assert np.all(d[:, [0, 1, 4, 5]] == 1) and np.all(d[:, [2, 3, 6, 7]] == 0)
