@@ -66,3 +66,29 @@ def test_model_rejects_invalid_codes_and_selector_1_reads_other_lanes():
     e[[t for t in range(128) if t % 4 >= 2]] = 0x44444444
     d = wgmma_sp_m64nnk32(a, b, e, selector=1)
     assert np.all(d[:, [0, 1, 4, 5]] == 1) and np.all(d[:, [2, 3, 6, 7]] == 0)
+
+
+def _cute_elayout_64x32(thread: int, value: int) -> tuple[int, int]:
+    """Row and column (of A's logical 64 x 32) of metadata value ``value`` (0..31, 2 bits of one column
+    in 16-bit halves: values 0-15 the low half, 16-31 the high) of warpgroup thread ``thread``, as
+    CUTLASS's cute describes the sparse GMMA metadata of m64nNk32 in 16-bit types (ELayout_64x32: the
+    thread index split (2, 2, 8, 4) with column-major (M, K) strides (1024, 0, 1, 16), the value index
+    (16, 2) with strides (64, 8); a stride of 64 is one column, 1024 sixteen)."""
+    t0, t1, t2, t3 = thread & 1, (thread >> 1) & 1, (thread >> 2) & 7, thread >> 5
+    v0, v1 = value % 16, value // 16
+    offset = 1024 * t0 + 0 * t1 + 1 * t2 + 16 * t3 + 64 * v0 + 8 * v1
+    return offset % 64, offset // 64
+
+
+def test_the_model_agrees_with_cutlass_s_metadata_layout():
+    """Each 16-bit half of a thread's register covers one row's 16 columns (four groups of four, a
+    nibble each): the model's row and columns for every thread and half are cute's ELayout_64x32's,
+    and lanes 4g+2, 4g+3 hold what lanes 4g, 4g+1 hold (stride 0: either sparsity selector reads a
+    full set)."""
+    for thread in range(128):
+        w, lane = divmod(thread, 32)
+        g, h = lane >> 2, lane & 1
+        for half in range(2):
+            cells = {_cute_elayout_64x32(thread, 16 * half + c) for c in range(16)}
+            model_row = 16 * w + g + 8 * half  # wgmma_sp_m64nnk32: bits 16*upper.. of word 32w+4g+2s+h
+            assert cells == {(model_row, 16 * h + c) for c in range(16)}, (thread, half)

@@ -11,7 +11,8 @@ covers columns 16h .. 16h + 15 of row 16w + g in bits 15..0 and of row 16w + g +
 four bits per group of four columns (group q in bits 4q + 3 .. 4q), the first kept position in its
 low two bits and the second in its high two. A's kept halves come from shared memory (a descriptor)
 in the order of K: kept column 2j and 2j + 1 of a row are the two values of its group j. B (32 x N)
-comes from its own descriptor; D is 64 x N.
+comes from its own descriptor; D is 64 x N. CUTLASS's cute describes the same thread-to-metadata map
+(its sparse GMMA traits' ELayout_64x32); tests/test_wgmma_sp_model.py checks the model against it.
 
 What the model takes: ``a_kept`` [64][16] (the shared tile, logically), ``b`` [32][N], ``e`` [128]
 (uint32, one register per thread of the warpgroup)."""
