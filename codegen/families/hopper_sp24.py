@@ -11,8 +11,9 @@ K. One producer thread copies k-tiles of X [bm][bk] (128-byte swizzle) and of th
 full/empty mbarriers, as the Hopper family does; both operands reach wgmma through shared-memory
 descriptors. The metadata does not go through shared memory: each consumer thread loads its own
 32-bit words straight from WE (``codegen.sparse24.metadata_m16n8k32``, the layout every 2:4 family
-reads; ``metadata_m64nnk32`` is the same words per instruction) before it waits for the k-tile, one
-word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
+reads; ``metadata_m64nnk32`` is the same words per instruction) a k-tile ahead, while the wgmma of
+the current one run, into one of two register sets that alternate between k-tiles (an instruction
+in flight may still read the other), one word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
 m16n8k32 block 4b + w; sparsity selector 0 reads lanes 4g and 4g + 1). Metadata past W's rows or
 K's padded columns is the zero-group fill. The epilogue adds the bias in fp32 and stores Yᵀ's
 accumulators element by element with bounds checks.
