@@ -7,11 +7,13 @@ tests/test_wgmma_sp_model.py; what the instruction computes is for the GPU tier
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from codegen import families, sass
+from codegen.export import export_files
 from codegen.families import compile_target
 from codegen.families.hopper_sp24 import ARGS, CONSUMER_REGS, PRODUCER_REGS, Spec, grid_rule, plan
 from codegen.launch import TensorMapArg
@@ -74,6 +76,19 @@ def test_plan_maps_x_and_wc():
     assert tx.operand == "WS" and tx.pitch == 80 and tx.dims == (37, 5) and twc.dims == (32, 7) and twc.pitch == 64
     assert not tx.problems() and not twc.problems()
     assert "64-byte swizzle" in grid_rule(Spec()) and "_pack" in grid_rule(Spec(prepass="pack"))
+
+
+def test_an_export_describes_its_operands_and_tensor_maps():
+    spec, problem = Spec(bias=True, bm=64, bn=128, consumers=1, prepass="pack"), _p24(67, 45, 91, bias=True)
+    cu, js = export_files(spec, problem, None, "sm_90")
+    manifest = json.loads(js)
+    assert 'extern "C" __global__' in cu and spec.name in cu
+    assert manifest["sparse"]["operands"] == {"WC": {"shape": [45, 48], "element_type": "the element type"},
+                                              "WE": {"shape": [3, 3, 16], "element_type": "uint32"}}
+    assert "TWC" in manifest["sparse"]["arguments"]
+    maps = {a["name"]: a["tensor_map"] for launch in manifest["kernels"] for a in launch["args"] if "tensor_map" in a}
+    assert maps["TX"]["operand"] == "WS" and maps["TWC"]["operand"] == "WC"
+    assert maps["TWC"]["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_64B" and maps["TWC"]["box_dim"] == [32, 128]
 
 
 def test_the_space_maps_points_onto_specs_and_back():

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from codegen.launch import KernelLaunch, LaunchPlan, TensorMapArg, packed_k
+from codegen.launch import SP24_ARGS_NOTE, KernelLaunch, LaunchPlan, TensorMapArg, packed_k
 from codegen.problem import DType, Problem
 from codegen.sparse24 import K_ALIGN, M16N8K32_ROWS, M64NNK32_ROWS, padded_k
 from codegen.spec import DeviceLimits, SpecData, dtype_rules, field_rules, problem_rules, smem_rules, thread_rules
@@ -228,7 +228,8 @@ def manifest_sparse(spec: Spec, problem: Problem) -> dict:
     """What an export manifest says of the 2:4 W's arguments for ``problem`` (its ``sparse``)."""
     kp = padded_k(problem.k)
     return {"format": "2:4", "density": problem.density,
-            "arguments": "TWC: a tensor map over WC; WE: uint32 metadata words (codegen.sparse24.metadata_m16n8k32)",
+            "arguments": SP24_ARGS_NOTE + "; the kernel reads WC through the tensor map TWC (its launch says how "
+                                          "to encode it) and WE as a plain pointer",
             "operands": {"WC": {"shape": [problem.n, kp // 2], "element_type": "the element type"},
                          "WE": {"shape": [-(-problem.n // M16N8K32_ROWS), kp // K_ALIGN, 16], "element_type": "uint32"}},
             "made_by": "codegen.sparse24: compress(W) (or compress(W, mask24(W)) to prune), then metadata_m16n8k32"}
