@@ -11,8 +11,10 @@ zeros is kept as positions 0 and 1 (any two positions are valid for it).
 That much describes the instruction-free form. How the positions reach an instruction is its own
 layout, one function per instruction: :func:`metadata_m16n8k32` packs them as ``mma.sp.sync``
 ``.m16n8k32`` (fp16/bf16, sparsity selector 0) reads them, one 32-bit word per contributing lane;
-:func:`positions_from_m16n8k32` reads such words back. A Hopper ``wgmma.sp`` layout would be a
-sibling of these two, over the same ``positions``.
+:func:`positions_from_m16n8k32` reads such words back; :func:`metadata_m64nnk32` packs them as
+Hopper's ``wgmma.mma_async.sp`` ``.m64nNk32`` (fp16/bf16, sparsity selector 0) reads them: per warp of
+the warpgroup the m16n8k32 layout of its 16 rows, so its words are those of ``metadata_m16n8k32``
+regrouped per 64 rows (a kernel can read either array).
 
 Pruning (:func:`prune24`) keeps the two elements of largest magnitude in each group (ties go to the
 lower position); :func:`compress` takes a W that is 2:4 already, or its 2:4 mask.
@@ -24,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GROUP", "KEEP", "K_ALIGN", "M16N8K32_ROWS", "Compressed", "check_24", "compress", "decompress",
-           "groups_over", "mask24", "metadata_m16n8k32", "padded_k", "positions_from_m16n8k32", "prune24"]
+__all__ = ["GROUP", "KEEP", "K_ALIGN", "M16N8K32_ROWS", "M64NNK32_ROWS", "Compressed", "check_24", "compress",
+           "decompress", "groups_over", "mask24", "metadata_m16n8k32", "metadata_m64nnk32", "padded_k",
+           "positions_from_m16n8k32", "prune24"]
 
 #: Elements per group along K, and how many of them a 2:4 W keeps.
 GROUP, KEEP = 4, 2
@@ -34,6 +37,8 @@ GROUP, KEEP = 4, 2
 K_ALIGN = 32
 #: Rows of W one m16n8k32 instruction takes (its M side); the metadata is laid out in such row blocks.
 M16N8K32_ROWS = 16
+#: Rows of W one wgmma.mma_async.sp m64nNk32 instruction takes (its M side: four warps of 16).
+M64NNK32_ROWS = 64
 #: The position pair of a group that keeps positions 0 and 1, as a 4-bit code (a valid code for a
 #: group of zeros, and for the padding past N or K).
 ZERO_GROUP_CODE = 0b0100
@@ -188,3 +193,20 @@ def positions_from_m16n8k32(words: np.ndarray, n: int) -> np.ndarray:
     codes = (halves[:, :, None] >> np.array([0, 4, 8, 12], dtype=np.uint32)) & 0xF  # [row, half, group]
     codes = codes.reshape(blocks * 16, steps * 8)[:n]
     return np.stack([codes & 3, codes >> 2], axis=2).reshape(n, steps * 16).astype(np.uint8)
+
+
+# ---- the metadata of wgmma.mma_async.sp.sync.aligned.m64nNk32 (fp16 / bf16, sparsity selector 0) ---------
+def metadata_m64nnk32(c: Compressed) -> np.ndarray:
+    """The positions of ``c`` as ``wgmma.mma_async.sp`` ``.m64nNk32`` reads them with sparsity selector 0:
+    uint32 [ceil(n/64), Kp/32, 4, 16]. Word ``[b, s, w, 2*g + h]`` is the metadata register of thread
+    ``32*w + 4*g + h`` of the warpgroup (warp w, h = 0, 1: the first two lanes of each group of four;
+    the other two lanes' registers are not read) for the instruction over rows 64b..64b+63 and columns
+    32s..32s+31 of W: warp w covers rows 64b+16w.. as ``mma.sp`` m16n8k32 covers its 16 (bits 15..0 row
+    64b+16w+g, bits 31..16 row 64b+16w+g+8, each 16 bits the four groups of columns 32s+16h..). So
+    ``[b, s, w]`` is ``metadata_m16n8k32(c)[4b + w, s]``; rows past n are zero groups (code 0b0100)."""
+    words = metadata_m16n8k32(c)  # [ceil(n/16), Kp/32, 16]
+    blocks16, steps, _ = words.shape
+    blocks = -(-blocks16 // 4)
+    full = np.full((4 * blocks, steps, 16), ZERO_GROUP_CODE * 0x11111111, dtype=np.uint32)
+    full[:blocks16] = words
+    return np.ascontiguousarray(full.reshape(blocks, 4, steps, 16).transpose(0, 2, 1, 3))

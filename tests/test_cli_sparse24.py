@@ -69,7 +69,7 @@ def test_2_4_options_that_do_not_go_together(command, flags, needle, capsys, tmp
 def test_a_family_without_2_4_variants_is_refused_in_one_line(capsys, db, default_store):
     url, path = db
     assert_usage(["compile", *ODD, "--sparsity", "2:4", "--family", "tensorcore"], capsys,
-                 "the tensorcore family has no 2:4 sparse variants; choose --family sparse24", default=default_store)
+                 "the tensorcore family has no 2:4 sparse variants; choose --family hopper_sp24 or sparse24", default=default_store)
     assert_usage(["search", *ODD, "--sparsity", "2:4", "--family", "simt", "--db", url], capsys,
                  "the simt family generates no kernel for 130x264x136_bf16_forward_sp24", db_path=path,
                  default=default_store)

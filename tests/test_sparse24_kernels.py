@@ -21,6 +21,7 @@ from codegen.families.tensorcore import Spec as TcSpec
 from codegen.launch import SP24_ARGS, KernelLaunch, LaunchPlan, grid_rule, plan
 from codegen.problem import DType, Problem
 from codegen.render import render
+from codegen.spec import DeviceLimits
 from search.fit import chosen, default_family, fitting
 from search.space import point_of, seeds, space_for, to_spec
 from tests import cpu_cuda
@@ -43,7 +44,7 @@ def test_the_name_is_the_identity_and_names_2_4():
     assert Spec().name == "sp24_bf16_nobias_64x128x64_w32x32_s4x_es_g8_k1"
     assert families.variant_fields("sparse24")[0].name == "bm" and not families.takes_sparse("sparse24")
     assert families.takes_sparsity("sparse24", "2:4") and not families.takes_sparsity("sparse24", "")
-    assert not any(families.takes_sparsity(f, "2:4") for f in families.names() if f != "sparse24")
+    assert [f for f in families.names() if families.takes_sparsity(f, "2:4")] == ["hopper_sp24", "sparse24"]
 
 
 @pytest.mark.parametrize("fields,needle", [
@@ -69,11 +70,13 @@ def test_a_2_4_problem_and_its_family_go_together():
     assert any("split_k 8 > 5 k-tiles" in why for why in Spec(bias=True, bk=32, split_k=8, reduce="two_pass").check(P24))
 
 
-def test_only_the_sparse24_family_fits_a_2_4_problem():
+def test_only_the_2_4_families_fit_a_2_4_problem():
     fits = fitting(P24, None)
-    assert [f.family for f in chosen(fits)] == ["sparse24"] and default_family(P24, None) == "sparse24"
+    assert [f.family for f in chosen(fits)] == ["sparse24", "hopper_sp24"] and default_family(P24, None) == "sparse24"
+    assert [f.family for f in chosen(fitting(P24, DeviceLimits(sm=80)))] == ["sparse24"]
     why = {f.family: f.why for f in fits}
-    assert why["tensorcore"] == "the tensorcore family has no 2:4 sparse variants; choose --family sparse24"
+    assert why["tensorcore"] == ("the tensorcore family has no 2:4 sparse variants; choose --family hopper_sp24 or "
+                                 "sparse24")
     dense = {f.family: f.why for f in fitting(Problem(130, 264, 136, DType.bf16), None)}
     assert dense["sparse24"] == ("the sparse24 family computes a 2:4 sparse W only: give --sparsity 2:4 or choose "
                                  "another --family")

@@ -1,0 +1,253 @@
+"""Hopper 2:4 family: a 2:4 structured-sparse W on Hopper's sparse warpgroup instructions
+(``wgmma.mma_async.sp`` m64nNk32), fed by TMA, warp-specialized (sm_90a).
+
+The Hopper family's pipeline (codegen/families/hopper.py) for a W that keeps two of every four
+elements along K (codegen.sparse24). The sparse operand of ``wgmma.sp`` is its A side, so the kernel
+computes Yᵀ tile by tile, as the Hopper family's ``swap`` does: W's rows are the instruction's M side
+(64 per instruction, ``bn / consumers`` rows of the block tile per consumer warpgroup, ``bn / consumers
+/ 64`` instructions per k-step) and X's ``bm`` rows its N side (8 to 256), each instruction 32 deep in
+K. One producer thread copies k-tiles of X [bm][bk] (128-byte swizzle) and of the kept halves WC
+[bn][bk/2] (64-byte swizzle) with ``cp.async.bulk.tensor`` into a ring of ``stages`` buffers with
+full/empty mbarriers, as the Hopper family does; both operands reach wgmma through shared-memory
+descriptors. The metadata does not go through shared memory: each consumer thread loads its own
+32-bit words straight from WE (``codegen.sparse24.metadata_m16n8k32``, the layout every 2:4 family
+reads; ``metadata_m64nnk32`` is the same words per instruction) a k-tile ahead, while the wgmma of
+the current one run, into one of two register sets that alternate between k-tiles (an instruction
+in flight may still read the other), one word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
+m16n8k32 block 4b + w; sparsity selector 0 reads lanes 4g and 4g + 1). Metadata past W's rows or
+K's padded columns is the zero-group fill. The epilogue adds the bias in fp32 and stores Yᵀ's
+accumulators element by element with bounds checks.
+
+Any M, N, K: TMA zero-fills X past M and K and WC past N and KP/2 (KP = K padded to 32 by the
+compression). TMA needs 16-byte row pitches, so when K is not a multiple of 8 a prepass first
+copies X into the workspace with rows padded to 16 bytes (``prepass="pack"``; WC's rows are always
+KP/2 elements, whole 16-byte chunks). ``persistent`` launches one block per multiprocessor, each
+looping over output tiles in the grouped order.
+Needs sm_90 and compiles for sm_90a.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from codegen.launch import SP24_ARGS_NOTE, KernelLaunch, LaunchPlan, TensorMapArg, packed_k
+from codegen.problem import DType, Problem
+from codegen.sparse24 import K_ALIGN, M16N8K32_ROWS, M64NNK32_ROWS, padded_k
+from codegen.spec import DeviceLimits, SpecData, dtype_rules, field_rules, problem_rules, smem_rules, thread_rules
+
+NAME = "hopper_sp24"
+DTYPES = (DType.bf16, DType.fp16)
+#: The structured sparsities of W this family computes (search.space.space_for; others compute none).
+SPARSITIES = ("2:4",)
+#: Place among the families that fit a problem, fastest first (search.fit): after sparse24 until a GPU run
+#: has confirmed this family's results (tests/gpu/test_hopper_sp24.py); a search takes both either way.
+RANK = 2
+PREPASSES = ("none", "pack")
+#: Dense k-columns per k-tile: X's rows of 64 elements are one 128-byte swizzle span, WC's 32 one of 64 bytes.
+BK = 64
+WG = 128
+PRODUCER_REGS = 40
+CONSUMER_REGS = {1: 240, 2: 232}
+#: A consumer thread's registers besides accumulators and metadata (addresses, loop state, the epilogue's).
+CONSUMER_OVERHEAD = 56
+PTX_TYPE = {DType.bf16: "bf16", DType.fp16: "f16"}
+#: Metadata of a group that keeps positions 0 and 1, eight groups to a word: the fill past W.
+META_FILL = 0x44444444
+#: The arguments of the main kernel: X's and WC's tensor maps, WE and the workspace (the pack prepass).
+ARGS = ("Y", "TX", "TWC", "B", "WS", "WE", "M", "N", "K")
+PACK_ARGS = ("WS", "X", "M", "K")
+PACK_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Spec(SpecData):
+    """One Hopper 2:4 GEMM variant; its generated ``name`` is its identity."""
+
+    dtype: DType = DType.bf16
+    bias: bool = False
+    bm: int = field(default=128, metadata={"help": "block tile rows of X (wgmma N, a multiple of 16, at most 256)"})
+    bn: int = field(default=256, metadata={"help": "block tile rows of W (a multiple of 64 per consumer)"})
+    stages: int = field(default=4, metadata={"help": "TMA ring depth (2-8)"})
+    consumers: int = field(default=2, metadata={"help": "consumer warpgroups (1 or 2), splitting W's rows"})
+    group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
+    persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
+    prepass: str = field(default="none", metadata={"choices": PREPASSES,
+                                                   "help": "pack: copy X with rows padded to 16 bytes"})
+
+    family: ClassVar[str] = NAME
+    block: ClassVar[int] = 0
+    sparsity: ClassVar[str] = "2:4"
+
+    @property
+    def name(self) -> str:
+        return (f"hsp24_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{BK}_s{self.stages}"
+                f"_c{self.consumers}_g{self.group_m}{'_p' if self.persistent else ''}"
+                f"{'_pk' if self.prepass == 'pack' else ''}")
+
+    _NAME = re.compile(r"hsp24_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x64_s(?P<stages>\d+)"
+                       r"_c(?P<consumers>\d+)_g(?P<group_m>\d+)(?P<persistent>(_p)?)(?P<prepass>(_pk)?)")
+    _MARKS = {"persistent": {"_p": True, "": False}, "prepass": {"_pk": "pack", "": "none"}}
+
+    # ---- derived geometry -----------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return WG * (1 + self.consumers)
+
+    @property
+    def wg_m(self) -> int:
+        """Rows of W each consumer warpgroup owns."""
+        return self.bn // self.consumers
+
+    @property
+    def frag_m(self) -> int:
+        return self.wg_m // M64NNK32_ROWS
+
+    @property
+    def acc(self) -> int:
+        """fp32 accumulators per thread per m64 block: wgmma's N (bm) / 2."""
+        return self.bm // 2
+
+    @property
+    def x_bytes(self) -> int:
+        return self.bm * BK * self.dtype.itemsize
+
+    @property
+    def wc_bytes(self) -> int:
+        return self.bn * (BK // 2) * self.dtype.itemsize
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.x_bytes + self.wc_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        """The ring, its mbarriers and the slack that aligns it to 1024 bytes."""
+        return self.stages * self.stage_bytes + 16 * self.stages + 1024
+
+    @property
+    def regs_estimate(self) -> int:
+        """A consumer thread's registers: accumulators, two k-tiles' metadata words and the rest."""
+        return self.frag_m * self.acc + 2 * self.frag_m * (BK // K_ALIGN) + CONSUMER_OVERHEAD
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
+        """Why this point is invalid (empty when it is valid). Costs no compile."""
+        limits = limits or DeviceLimits()
+        why = field_rules(self, positive=("bm", "bn", "stages", "consumers", "group_m"),
+                          choices=(("prepass", PREPASSES),))
+        why += dtype_rules(self, DTYPES, " (2:4 sparse tensor cores multiply 16-bit inputs)")
+        if why:
+            return why
+        if limits.sm != 90:
+            why.append(f"the {NAME} family needs sm_90 (wgmma.mma_async.sp and setmaxnreg are sm_90a instructions), "
+                       f"not sm_{limits.sm}")
+        if self.consumers not in (1, 2):
+            why.append(f"consumers must be 1 or 2, got {self.consumers}")
+        elif self.bn % (M64NNK32_ROWS * self.consumers):
+            why.append(f"bn={self.bn}: each of the {self.consumers} consumer warpgroups takes whole m64 blocks of W")
+        if self.bm % 16 or not 16 <= self.bm <= 256:
+            why.append(f"bm={self.bm}: wgmma's N is a multiple of 16 from 16 to 256")
+        if not 2 <= self.stages <= 8:
+            why.append(f"stages must be 2 to 8, got {self.stages}")
+        if self.bn > 256:
+            why.append(f"bn={self.bn}: a TMA box has at most 256 rows")
+        if why:
+            return why
+        budget = CONSUMER_REGS[self.consumers]
+        if self.regs_estimate > budget:
+            why.append(f"{self.frag_m * self.acc} accumulators per consumer thread (+{CONSUMER_OVERHEAD} and the "
+                       f"metadata) > the {budget} registers a consumer gets: make bn/consumers x bm smaller")
+        why += thread_rules(self, limits) + smem_rules(self, limits) + problem_rules(self, problem)
+        if problem is not None and problem.k % 8 and self.prepass != "pack":
+            why.append(f"K={problem.k} is not a multiple of 8: X's rows need the pack prepass (TMA's 16-byte pitch)")
+        return why
+
+
+def compile_target(arch: str) -> str:
+    """NVRTC's -arch for this family on ``arch``: wgmma.sp and setmaxnreg need the arch-specific sm_90a."""
+    return "sm_90a" if arch == "sm_90" else arch
+
+
+def headers(spec: Spec) -> list[str]:
+    return []
+
+
+def template_values(spec: Spec) -> dict:
+    """Every number the template uses, computed here once."""
+    values = spec.to_dict()
+    acc, t = spec.acc, PTX_TYPE[spec.dtype]
+    values.update(
+        name=spec.name, threads=spec.threads, bk=BK, wg_m=spec.wg_m, frag_m=spec.frag_m, acc=acc,
+        k_steps=BK // K_ALIGN, x_bytes=spec.x_bytes, wc_bytes=spec.wc_bytes, stage_bytes=spec.stage_bytes,
+        bar_offset=spec.stages * spec.stage_bytes, empty_arrivals=4 * spec.consumers,
+        # X's tile: rows of 128 bytes (128-byte swizzle, 8-row groups 1024 bytes apart), a k-step 64 bytes on;
+        # WC's: rows of 64 bytes (64-byte swizzle, 8-row groups 512 bytes apart), a k-step 32 bytes on.
+        x_k_step_bytes=K_ALIGN * spec.dtype.itemsize, wc_k_step_bytes=K_ALIGN // 2 * spec.dtype.itemsize,
+        frag_wc_bytes=M64NNK32_ROWS * (BK // 2) * spec.dtype.itemsize, wg_wc_bytes=spec.wg_m * (BK // 2) * spec.dtype.itemsize,
+        meta_rows=M16N8K32_ROWS, meta_fill=f"0x{META_FILL:08x}u", k_align=K_ALIGN,
+        producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[spec.consumers], pack_threads=PACK_THREADS,
+        wgmma_ptx=f"wgmma.mma_async.sp.sync.aligned.m64n{spec.bm}k32.f32.{t}.{t}",
+        acc_operands=", ".join(f"%{i}" for i in range(acc)),
+        acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(acc)),
+    )
+    return values
+
+
+def _pack_bytes(problem: Problem) -> int:
+    return problem.m * packed_k(8, problem.k) * 2
+
+
+def _maps(spec: Spec, problem: Problem) -> tuple[TensorMapArg, TensorMapArg]:
+    m, n, k, e = problem.m, problem.n, problem.k, spec.dtype.itemsize
+    kp = padded_k(k)
+    dt = spec.dtype.value
+    if spec.prepass == "pack":
+        tx = TensorMapArg("TX", "WS", dt, dims=(k, m), pitch=packed_k(8, k) * e, box=(BK, spec.bm), swizzle=128)
+    else:
+        tx = TensorMapArg("TX", "X", dt, dims=(k, m), pitch=k * e, box=(BK, spec.bm), swizzle=128)
+    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(BK // 2, spec.bn), swizzle=64)
+    return tx, twc
+
+
+def plan(spec: Spec, problem: Problem) -> LaunchPlan:
+    tiles = -(-problem.m // spec.bm) * -(-problem.n // spec.bn)
+    launches = []
+    if spec.prepass == "pack":
+        chunks = problem.m * (packed_k(8, problem.k) // 8)
+        launches.append(KernelLaunch(symbol=f"{spec.name}_pack", grid=(-(-chunks // PACK_THREADS), 1, 1),
+                                     block=(PACK_THREADS, 1, 1), smem=0, args=PACK_ARGS))
+    launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1),
+                                 smem=spec.smem_bytes, args=ARGS, persistent=spec.persistent))
+    return LaunchPlan(launches=tuple(launches), workspace_bytes=_pack_bytes(problem) if spec.prepass == "pack" else 0,
+                      tensor_maps=_maps(spec, problem))
+
+
+def manifest_sparse(spec: Spec, problem: Problem) -> dict:
+    """What an export manifest says of the 2:4 W's arguments for ``problem`` (its ``sparse``)."""
+    kp = padded_k(problem.k)
+    return {"format": "2:4", "density": problem.density,
+            "arguments": SP24_ARGS_NOTE + "; the kernel reads WC through the tensor map TWC (its launch says how "
+                                          "to encode it) and WE as a plain pointer",
+            "operands": {"WC": {"shape": [problem.n, kp // 2], "element_type": "the element type"},
+                         "WE": {"shape": [-(-problem.n // M16N8K32_ROWS), kp // K_ALIGN, 16], "element_type": "uint32"}},
+            "made_by": "codegen.sparse24: compress(W) (or compress(W, mask24(W)) to prune), then metadata_m16n8k32"}
+
+
+def grid_rule(spec: Spec) -> str:
+    """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
+    tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
+    blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+    parts = []
+    src = "X with dims (K, M), row pitch K*2 bytes (a multiple of 16)"
+    if spec.prepass == "pack":
+        parts.append(f"{spec.name}_pack: grid = (ceil(M*ceil(K/8)/{PACK_THREADS}), 1, 1), block = ({PACK_THREADS}, 1, 1); "
+                     f"it writes X with rows padded to ceil(K/8)*8 elements (zeros) to WS")
+        src = "WS with dims (K, M), row pitch ceil(K/8)*16 bytes"
+    parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
+                 f"{spec.smem_bytes} B; TX and TWC are 2-D tensor maps ({spec.dtype.value}, zero fill): TX over {src}, "
+                 f"box ({BK}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
+                 f"(KP/2, N), row pitch KP bytes, box ({BK // 2}, {spec.bn}), 64-byte swizzle; WE the uint32 metadata "
+                 f"[ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32)")
+    return "; ".join(parts)

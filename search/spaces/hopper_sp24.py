@@ -1,0 +1,63 @@
+"""Search space of the Hopper 2:4 family (codegen/families/hopper_sp24.py): one definition."""
+
+from __future__ import annotations
+
+from codegen.families.hopper_sp24 import Spec
+from codegen.problem import DType, Layout, Problem
+from search.space import Space
+
+NAME = "hopper_sp24"
+
+
+def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.forward) -> Space:
+    """Everything the Hopper 2:4 template can express that is worth trying, for a 2:4 W (the family
+    computes no other), as the Hopper family's: block tiles (``bm`` X's rows, wgmma's N; ``bn`` W's
+    rows, split over the consumer warpgroups in m64 blocks), ring depth, consumers, persistent grid and
+    raster order. The k-tile is fixed (X's rows one 128-byte swizzle span), and the pack prepass is
+    not sampled: it is on exactly when K breaks TMA's 16-byte row pitch (``to_spec``)."""
+    if block:
+        raise ValueError(f"the {NAME} family computes a 2:4 sparse W, not a block-sparse one; drop --block or "
+                         f"choose another --family")
+    if Layout(layout) is not Layout.forward:
+        raise ValueError(f"the {NAME} family generates the forward layout only, not {Layout(layout).value}")
+    dims = {
+        "bm": (16, 32, 64, 128, 256),
+        "bn": (64, 128, 192, 256),
+        "stages": (2, 3, 4, 5, 6, 8),
+        "consumers": (1, 2),
+        "persistent": (False, True),
+        "group_m": (1, 4, 8, 16),
+    }
+    return Space(NAME, dims)
+
+
+#: A narrowing small enough to sweep exhaustively on a GPU in minutes.
+RESTRICTED = dict(bm=(64, 128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
+                  group_m=(8,))
+
+
+def _point(bm, bn, stages, consumers, persistent, group_m=8) -> dict:
+    return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m)
+
+
+#: Starting points, not yet timed on a GPU, each without spills under NVRTC 13.0 for sm_90a (the dense
+#: Hopper seeds with W on wgmma's M side: a large layer, persistent, narrower, a batch of 16 to 64).
+SEEDS = [
+    _point(128, 256, 4, 2, False),
+    _point(128, 256, 4, 2, True),
+    _point(256, 128, 4, 2, True),
+    _point(128, 128, 5, 2, True),
+    _point(64, 128, 6, 1, True, group_m=4),
+    _point(16, 128, 6, 2, False, group_m=4),
+]
+
+
+def to_spec(point: dict, problem: Problem) -> Spec:
+    """Map a point onto a spec for the problem: the pack prepass exactly when K is not a multiple of 8."""
+    return Spec(dtype=problem.dtype, bias=problem.bias, prepass="pack" if problem.k % 8 else "none", **point)
+
+
+def point_of(spec: Spec) -> dict:
+    """The point of the space that maps onto ``spec`` (inverse of to_spec)."""
+    d = spec.to_dict()
+    return {k: d[k] for k in space(spec.dtype).dims}

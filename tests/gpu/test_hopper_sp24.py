@@ -1,0 +1,165 @@
+"""GPU tier for the Hopper 2:4 family (2:4 W on wgmma.mma_async.sp m64nNk32): correct against float64
+of X·(masked W)ᵀ (+ b) on odd shapes (M, N, K = 1; K = 5 and 37; 130x264x136; part of a 4096^3
+layer), bf16 and fp16, with and without bias (the evaluation's own validation, outputs poisoned with
+NaN); metadata patterns chosen to tell a wrong metadata layout (which rows, lanes, nibbles) from a
+wrong value layout or descriptor; an export run from its manifest alone; bench against cuBLAS at
+4096^3 and a tiny search through the command line.
+
+The CPU tier checks the kernel's metadata loads and the packer against the instruction as the PTX
+ISA describes it (tests/test_wgmma_sp_model.py); this tier checks that description, and the shared
+memory descriptors of the 64-byte-swizzled kept halves, against the hardware."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from codegen import sparse24
+from codegen.data import to_float64, to_storage
+from codegen.evaluate import Evaluator
+from codegen.export import export_files
+from codegen.families.hopper_sp24 import Spec
+from codegen.problem import DType, Problem
+from tests.gpu.test_export_and_search import _launch_from_manifest
+
+pytestmark = pytest.mark.gpu
+
+QUICK = {"reps_min": 3, "reps_max": 3, "target_ms": 1.0}
+SHAPES = [(1, 1, 1), (1, 64, 5), (3, 17, 5), (5, 37, 37), (67, 45, 91), (130, 264, 136), (32, 4096, 4096),
+          (1000, 1030, 1048)]
+VARIANTS = [
+    {},  # the default: 128 x 256, two consumers of 128 of W's rows (two m64 blocks each)
+    dict(bm=64, bn=128, consumers=1, stages=6),
+    dict(bm=256, bn=128, consumers=2, persistent=True),
+    dict(bm=16, bn=64, consumers=1, stages=3, group_m=1),  # wgmma N = 16
+    dict(bm=128, bn=128, consumers=2, stages=2, persistent=True),  # a ring of two: every phase flips
+]
+CASES = ([(DType.bf16, bias, v) for v in VARIANTS for bias in (False, True)]
+         + [(DType.fp16, bias, v) for v in VARIANTS[:3] for bias in (False, True)])
+
+
+def _spec(dtype, bias, fields, k):
+    return Spec(dtype=dtype, bias=bias, prepass="pack" if k % 8 else "none", **fields)
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(baseline=False, timing=QUICK, timeout_s=120.0) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("dtype,bias,fields", CASES, ids=[Spec(dtype=d, bias=b, **f).name for d, b, f in CASES])
+def test_correct_on_odd_shapes(evaluator, dtype, bias, fields):
+    for m, n, k in SHAPES:
+        spec = _spec(dtype, bias, fields, k)
+        problem = Problem(m, n, k, dtype, bias=bias, sparsity="2:4")
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] <= dtype.rel_tol and result["median_ms"] > 0
+
+
+@pytest.mark.parametrize("dtype", [DType.bf16, DType.fp16])
+def test_a_large_layer_subset(evaluator, dtype):
+    """4096^3's W with a batch of 256 rows of X (the full layer is the bench below)."""
+    problem = Problem(256, 4096, 4096, dtype, bias=True, sparsity="2:4")
+    for spec in (Spec(dtype=dtype, bias=True), Spec(dtype=dtype, bias=True, bm=256, bn=128, persistent=True)):
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name}: {result['evidence']}"
+        assert result["rel_error"] <= dtype.rel_tol
+
+
+def _w_with_positions(n: int, k: int, positions_of, rng) -> np.ndarray:
+    """A 2:4 W [n, k] whose group (row r, group j) keeps the positions ``positions_of(r, j)``, non-zero."""
+    w = np.zeros((n, k), dtype=np.float32)
+    for r in range(n):
+        for j in range(k // 4):
+            for p in positions_of(r, j):
+                w[r, 4 * j + p] = rng.uniform(0.5, 1.5) * rng.choice((-1, 1))
+    return w
+
+
+#: Which positions each group keeps: the same everywhere (01 is the code of a zero group, so a kernel
+#: that ignores its metadata passes it alone), by warp of the warpgroup (rows 16w.. of an m64 block),
+#: by row within a warp (g vs g + 8: the word's halves), by the 16-column half of a k-step (the two
+#: lanes of a pair), by k-step (the descriptors' step and the k-step's word), by group (nibble order), random.
+PATTERNS = {
+    "all-01": lambda r, j: (0, 1),
+    "all-23": lambda r, j: (2, 3),
+    "all-13": lambda r, j: (1, 3),
+    "warps-differ": lambda r, j: [(0, 2), (1, 3), (0, 3), (1, 2)][(r % 64) // 16],
+    "rows-differ": lambda r, j: (0, 2) if r % 16 < 8 else (1, 3),
+    "halves-differ": lambda r, j: (0, 3) if j % 8 < 4 else (1, 2),
+    "steps-differ": lambda r, j: (0, 1) if j % 16 < 8 else (2, 3),
+    "groups-differ": lambda r, j: [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)][j % 6],
+    "random": None,
+}
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_metadata_patterns_tell_layout_errors_apart(pattern):
+    """One kernel, W with chosen kept positions, launched from its export: a failure of some patterns
+    and not others says which part of the wgmma.sp metadata layout (codegen.sparse24.metadata_m64nnk32,
+    read from metadata_m16n8k32's words) is not the hardware's; every pattern failing points at the
+    kept halves' descriptor (64-byte swizzle) or the instruction's operands instead."""
+    rng = np.random.default_rng(11)
+    m, n, k = 40, 200, 256
+    problem = Problem(m, n, k, DType.bf16, sparsity="2:4")
+    spec = Spec(bm=64, bn=128, consumers=1, stages=3)
+    if PATTERNS[pattern] is None:
+        w = sparse24.prune24(rng.standard_normal((n, k)).astype(np.float32))
+    else:
+        w = _w_with_positions(n, k, PATTERNS[pattern], rng)
+    w = to_float64(to_storage(w, DType.bf16), DType.bf16).astype(np.float32)  # exact in bf16
+    packed = sparse24.compress(w)
+    x = to_float64(to_storage(rng.uniform(-1, 1, (m, k)).astype(np.float32), DType.bf16), DType.bf16)
+    cu, js = export_files(spec, problem, None, "sm_90")
+    y = _launch_from_manifest(cu, json.loads(js), to_storage(x.astype(np.float32), DType.bf16), None, None,
+                              operands={"WC": to_storage(packed.values, DType.bf16),
+                                        "WE": sparse24.metadata_m16n8k32(packed)})
+    ref = x @ w.astype(np.float64).T
+    err = np.linalg.norm(to_float64(y, DType.bf16) - ref) / np.linalg.norm(ref)
+    assert err < DType.bf16.rel_tol, f"{pattern}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [DType.bf16, DType.fp16])
+def test_an_export_runs_from_its_manifest_alone(dtype):
+    problem = Problem(67, 45, 91, dtype, bias=True, sparsity="2:4")
+    spec = Spec(dtype=dtype, bias=True, bm=64, bn=128, consumers=1, prepass="pack")
+    cu, js = export_files(spec, problem, None, "sm_90")
+    manifest = json.loads(js)
+    rng = np.random.default_rng()
+    x = rng.uniform(-1, 1, (67, 91)).astype(np.float32)
+    w = rng.uniform(-1, 1, (45, 91)).astype(np.float32)
+    b = rng.uniform(-1, 1, 45).astype(np.float32)
+    packed = sparse24.compress(w, sparse24.mask24(w))  # as manifest["sparse"]["made_by"] says
+    ops = {"WC": to_storage(packed.values, dtype), "WE": sparse24.metadata_m16n8k32(packed)}
+    assert {k: list(v.shape) for k, v in ops.items()} == {k: v["shape"] for k, v in
+                                                          manifest["sparse"]["operands"].items()}
+    xs, bs = to_storage(x, dtype), to_storage(b, dtype)
+    y = _launch_from_manifest(cu, manifest, xs, None, bs, operands=ops)
+    masked = to_float64(to_storage(np.where(sparse24.mask24(w), w, 0), dtype), dtype)
+    ref = to_float64(xs, dtype) @ masked.T + to_float64(bs, dtype)
+    assert np.linalg.norm(to_float64(y, dtype) - ref) / np.linalg.norm(ref) < dtype.rel_tol
+
+
+def test_bench_against_cublas_and_search_through_the_command_line(tmp_path):
+    bench = subprocess.run([sys.executable, "-m", "codegen", "bench", "--m", "4096", "--n", "4096", "--k", "4096",
+                            "--dtype", "bf16", "--sparsity", "2:4", "--family", "hopper_sp24", "--no-store",
+                            "--json"], capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr
+    doc = json.loads(bench.stdout)
+    assert doc["kernel"].startswith("hsp24_") and doc["result"]["status"] == "ok", doc["result"]["evidence"]
+    print("hopper_sp24 at 4096^3:", doc["result"].get("median_ms"), "ms; baselines:", doc["result"].get("baselines"))
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    search = subprocess.run([sys.executable, "-m", "codegen", "search", "--m", "130", "--n", "264", "--k", "136",
+                             "--dtype", "fp16", "--sparsity", "2:4", "--family", "hopper_sp24", "--budget", "4",
+                             "--db", db, "--json"], capture_output=True, text=True, timeout=900)
+    assert search.returncode == 0, search.stderr
+    from store import Store
+
+    best = Store(db).best(Problem(130, 264, 136, DType.fp16, sparsity="2:4"))
+    assert best and best[0]["kernel"].startswith("hsp24_fp16")

@@ -1,0 +1,139 @@
+"""The Hopper 2:4 family (wgmma.mma_async.sp) on the CPU: spec identity and rules, space and seeds,
+launch plans (tensor maps over X or its packed copy and over WC, the metadata WE as a plain argument),
+and the compiler tier (NVRTC 13 for sm_90a): sparse HGMMA (.SP) of N = bm, two TMA loads per k-tile,
+no spills. The metadata layout itself is checked against a numpy model of the instruction in
+tests/test_wgmma_sp_model.py; what the instruction computes is for the GPU tier
+(tests/gpu/test_hopper_sp24.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from codegen import families, sass
+from codegen.export import export_files
+from codegen.families import compile_target
+from codegen.families.hopper_sp24 import ARGS, CONSUMER_REGS, PRODUCER_REGS, Spec, grid_rule, plan
+from codegen.launch import TensorMapArg
+from codegen.problem import DType, Problem
+from codegen.render import render
+from codegen.spec import DeviceLimits
+from search.space import point_of, seeds, space_for, to_spec
+from tests.compiled import compile_all
+
+
+def _p24(m, n, k, dtype=DType.bf16, bias=False):
+    return Problem(m, n, k, dtype, bias=bias, sparsity="2:4")
+
+
+def test_the_name_is_the_identity():
+    for spec in (Spec(), Spec(dtype=DType.fp16, bias=True, bm=16, bn=64, stages=8, consumers=1, group_m=1,
+                              persistent=True, prepass="pack")):
+        assert families.spec_from_name(spec.name) == spec and families.spec_from_dict(spec.to_dict()) == spec
+    assert Spec().name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8"
+    assert families.takes_sparsity("hopper_sp24", "2:4") and not families.takes_sparsity("hopper_sp24", "")
+    assert compile_target(Spec(), "sm_90") == "sm_90a"
+
+
+@pytest.mark.parametrize("fields,needle", [
+    (dict(dtype=DType.fp32), "takes bf16, fp16 inputs, not fp32"),
+    (dict(bn=96), "takes whole m64 blocks of W"),
+    (dict(bn=64, consumers=2), "takes whole m64 blocks of W"),
+    (dict(bm=24), "multiple of 16 from 16 to 256"),
+    (dict(bm=256, bn=256, consumers=1), "registers a consumer gets"),
+    (dict(stages=9), "stages must be 2 to 8"),
+    (dict(consumers=3), "consumers must be 1 or 2"),
+])
+def test_invalid_specs_say_why(fields, needle):
+    assert any(needle in why for why in Spec(**fields).check()), Spec(**fields).check()
+
+
+def test_problem_rules():
+    assert Spec().check(_p24(4096, 4096, 4096)) == []
+    assert any("sm_90" in w for w in Spec().check(limits=DeviceLimits(sm=80)))
+    assert any("pack prepass" in w for w in Spec().check(_p24(1, 1, 5)))
+    assert Spec(prepass="pack").check(_p24(1, 1, 5)) == []
+    assert Spec().check(Problem(64, 64, 64, DType.bf16))  # a dense W is not this family's
+
+
+def test_plan_maps_x_and_wc():
+    p = _p24(130, 264, 136, bias=True)
+    lp = plan(Spec(bias=True), p)
+    (launch,) = lp.launches
+    assert launch.args == ARGS == ("Y", "TX", "TWC", "B", "WS", "WE", "M", "N", "K")
+    assert launch.grid == (2 * 2, 1, 1) and launch.block == (384, 1, 1) and lp.workspace_bytes == 0
+    tx, twc = lp.tensor_maps
+    assert tx == TensorMapArg("TX", "X", "bf16", dims=(136, 130), pitch=272, box=(64, 128), swizzle=128)
+    assert twc == TensorMapArg("TWC", "WC", "bf16", dims=(80, 264), pitch=160, box=(32, 256), swizzle=64)
+    assert not tx.problems() and not twc.problems()
+    # K = 37: X is packed to rows of 40; WC's rows are KP/2 = 32 elements.
+    lp = plan(Spec(prepass="pack", bm=64, bn=128, consumers=1), _p24(5, 7, 37))
+    pack, main = lp.launches
+    assert pack.symbol.endswith("_pack") and pack.args == ("WS", "X", "M", "K") and lp.workspace_bytes == 5 * 40 * 2
+    tx, twc = lp.tensor_maps
+    assert tx.operand == "WS" and tx.pitch == 80 and tx.dims == (37, 5) and twc.dims == (32, 7) and twc.pitch == 64
+    assert not tx.problems() and not twc.problems()
+    assert "64-byte swizzle" in grid_rule(Spec()) and "_pack" in grid_rule(Spec(prepass="pack"))
+
+
+def test_an_export_describes_its_operands_and_tensor_maps():
+    spec, problem = Spec(bias=True, bm=64, bn=128, consumers=1, prepass="pack"), _p24(67, 45, 91, bias=True)
+    cu, js = export_files(spec, problem, None, "sm_90")
+    manifest = json.loads(js)
+    assert 'extern "C" __global__' in cu and spec.name in cu
+    assert manifest["sparse"]["operands"] == {"WC": {"shape": [45, 48], "element_type": "the element type"},
+                                              "WE": {"shape": [3, 3, 16], "element_type": "uint32"}}
+    assert "TWC" in manifest["sparse"]["arguments"]
+    maps = {a["name"]: a["tensor_map"] for launch in manifest["kernels"] for a in launch["args"] if "tensor_map" in a}
+    assert maps["TX"]["operand"] == "WS" and maps["TWC"]["operand"] == "WC"
+    assert maps["TWC"]["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_64B" and maps["TWC"]["box_dim"] == [32, 128]
+
+
+def test_the_space_maps_points_onto_specs_and_back():
+    space = space_for("hopper_sp24", DType.bf16, sparsity="2:4")
+    rng = random.Random(0)
+    p = _p24(4096, 4096, 4096)
+    for _ in range(200):
+        point = {k: rng.choice(v) for k, v in space.dims.items()}
+        spec = to_spec("hopper_sp24", point, p)
+        assert point_of(spec) == point
+    assert to_spec("hopper_sp24", seeds("hopper_sp24")[0], _p24(1, 1, 5)).prepass == "pack"
+    for seed in seeds("hopper_sp24"):
+        assert to_spec("hopper_sp24", seed, p).check(p) == [], seed
+
+
+def test_existing_families_are_unchanged_by_the_new_operand():
+    from codegen.families.hopper import Spec as Dense
+    from codegen.families.sparse24 import Spec as Sp24
+    assert "HGMMA" not in render(Sp24()) and "wgmma.mma_async.sp" not in render(Dense())
+
+
+SAMPLE = [Spec(), Spec(bias=True, dtype=DType.fp16), Spec(bm=64, bn=128, consumers=1, stages=6),
+          Spec(bm=256, bn=128, consumers=2, prepass="pack", persistent=True), Spec(bm=16, bn=64, consumers=1, bias=True),
+          Spec(bm=128, bn=128, consumers=2, stages=5, persistent=True, dtype=DType.fp16)]
+
+
+@pytest.mark.timeout(600)
+def test_every_sample_compiles_to_sparse_wgmma_fed_by_tma():
+    built = compile_all(SAMPLE)
+    for spec in SAMPLE:
+        result, text = built[(spec.name, "sm_90")]
+        assert "-arch=sm_90a" in result.options
+        code = sass.functions(text)
+        assert set(code) == {spec.name} | ({spec.name + "_pack"} if spec.prepass == "pack" else set())
+        ops = sass.mnemonics(text, spec.name, "HGMMA")
+        shape = f"HGMMA.SP.64X{spec.bm}X32.F32" + (".BF16" if spec.dtype is DType.bf16 else "")
+        # k-tiles run two at a time (two metadata register sets), two k-steps of FRAG_M m64 blocks each
+        assert ops == {shape: 2 * 2 * spec.frag_m}, (spec.name, ops)
+        others = sass.opcodes(text, spec.name)
+        assert others["UTMALDG"] == 2 and others["USETMAXREG"] == 2, spec.name
+        assert others["LDL"] == 0 and others["STL"] == 0, spec.name
+        report = result.report[spec.name]
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0 and report["stack"] == 0, (spec.name, report)
+        need = (PRODUCER_REGS + spec.consumers * CONSUMER_REGS[spec.consumers]) * 128
+        assert need <= report["registers"] * spec.threads, (spec.name, report)
+        # ptxas would serialize the wgmma (C7508 and the like) where accumulators or metadata were touched
+        # between them and their wait
+        assert "serializ" not in result.log.lower() and "C7508" not in result.log, result.log
