@@ -55,6 +55,20 @@ def test_from_linear_keeps_two_of_four_by_magnitude_and_to_dense_goes_back():
     assert back.weight.data_ptr() != lin.weight.data_ptr()
 
 
+@pytest.mark.parametrize("fin", [37, 38, 39, 64, 3, 1])
+def test_magnitude_positions_on_torch_are_the_host_mask24s(fin):
+    rng = np.random.default_rng(fin)
+    w = rng.integers(-2, 3, size=(19, fin)).astype(np.float32)  # many equal magnitudes and zeros: ties go low
+    want = sparse24.compress(w, sparse24.mask24(w)).positions
+    np.testing.assert_array_equal(semisparse.magnitude_positions(torch.from_numpy(w)), want)
+    layer = Sparse24Linear.from_dense(torch.from_numpy(w))
+    assert torch.equal(layer.dense_weight().detach(), torch.from_numpy(sparse24.prune24(w)))
+    own = Sparse24Linear.from_dense(torch.from_numpy(w), mask=sparse24.mask24(w))  # the host path, a mask given
+    assert torch.equal(own.metadata, layer.metadata) and torch.equal(own.values, layer.values)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        semisparse.magnitude_positions(torch.full((2, fin), float("nan")))
+
+
 @pytest.mark.parametrize("fin", [37, 64, 3])
 def test_forward_on_torch_equals_float64_of_the_masked_w(fin, caplog):
     lin = dense(fin=fin)

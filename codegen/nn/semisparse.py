@@ -36,7 +36,7 @@ from codegen import sparse24
 from codegen.nn.layer import DTYPES, _Compiled, _ready, kernels_from
 from codegen.problem import Layout, Problem
 
-__all__ = ["Sparse24Linear"]
+__all__ = ["Sparse24Linear", "magnitude_positions"]
 
 log = logging.getLogger("gemmscape.nn")
 
@@ -177,17 +177,20 @@ class Sparse24Linear(nn.Module):
         of four), by default W's 2:4 magnitude mask; ``bias`` (a Parameter is shared, a tensor
         copied, None for none)."""
         w = weight.detach()
-        host = w.float().cpu().numpy()
-        mask = sparse24.mask24(host) if mask is None else np.asarray(torch.as_tensor(mask).cpu(), dtype=bool)
-        c = sparse24.compress(host, mask)
         out, fin = w.shape
+        if mask is None:  # on w's device: the magnitude mask's positions (codegen.sparse24.mask24, ties low)
+            positions, weights = magnitude_positions(w), None
+        else:
+            host = w.float().cpu().numpy()
+            mask = np.asarray(torch.as_tensor(mask).cpu(), dtype=bool)
+            positions = sparse24.compress(host, mask).positions
+            weights = torch.as_tensor(_kept(positions, mask, fin), device=w.device, dtype=w.dtype)
         new = cls(fin, out, bias is not None, device=w.device, dtype=w.dtype, kernels=kernels)
-        new.metadata.copy_(new._words(c.positions, w.device))
-        new._derive(c.positions)
+        new.metadata.copy_(new._words(positions, w.device))
+        new._derive(positions)
         with torch.no_grad():
-            dense = F.pad(w, (0, c.kp - fin))
-            new.values.copy_(dense.gather(1, new.columns) * torch.as_tensor(
-                _kept(c.positions, mask, fin), device=w.device, dtype=w.dtype))
+            kept = new._gather(w)
+            new.values.copy_(kept if weights is None else kept * weights)
             if isinstance(bias, nn.Parameter):
                 new.bias = bias
             elif bias is not None:
@@ -281,6 +284,20 @@ class Sparse24Linear(nn.Module):
         where = getattr(self.kernels.source, "location", None) or "none"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"sparsity={SPARSITY}, kernels={where}")
+
+
+def magnitude_positions(w: torch.Tensor) -> np.ndarray:
+    """The positions (uint8 [out, KP/2], ascending in each group) of the 2:4 magnitude mask of W
+    [out, in] (``codegen.sparse24.mask24``: in each group of four along in, the two of largest |w|,
+    equal magnitudes to the lower position, K's padding as zeros), ranked on W's own device."""
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("W has NaN or infinite values: its groups of four cannot be ranked by magnitude")
+    out, fin = w.shape
+    kp = sparse24.padded_k(fin)
+    mags = F.pad(w.detach().abs().to(torch.float64 if w.dtype == torch.float64 else torch.float32), (0, kp - fin))
+    order = torch.sort(-mags.reshape(out, kp // sparse24.GROUP, sparse24.GROUP), dim=2, stable=True).indices
+    chosen = order[:, :, : sparse24.KEEP].sort(dim=2).values
+    return chosen.reshape(out, kp // 2).to(torch.uint8).cpu().numpy()
 
 
 def _kept(positions: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
