@@ -291,3 +291,22 @@ def test_prune_model_refuses_mixed_arguments():
     with pytest.raises(PruneError, match="not '4:8'"):
         prune_model(nn.Linear(8, 8), None, None, pattern="4:8")
     assert isinstance(prune_model(nn.Linear(8, 8), None, None, pattern="2:4"), Sparse24Linear)
+
+
+def test_where_cublas_won_inference_keeps_the_dense_w_until_the_values_change(monkeypatch):
+    layer = Sparse24Linear.from_linear(dense(fin=40, dtype=torch.float32).to(torch.bfloat16),
+                                       kernels=Kernels(SeedKernels()))
+    monkeypatch.setattr(layer.kernels, "kernel", lambda problem, device: None)
+    monkeypatch.setattr(layer.kernels, "used", lambda problem, device: "torch: cuBLAS won (ratio 0.8)")
+    x = torch.randn(4, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        first = layer(x)
+        kept = layer._kept["w"][1]
+        assert torch.equal(layer(x), first) and layer._kept["w"][1] is kept  # made once
+        layer.values.mul_(2)  # an in-place update: made anew
+        again = layer(x)
+    assert layer._kept["w"][1] is not kept and torch.equal(layer._kept["w"][1], layer.dense_weight().detach())
+    assert torch.allclose(again.float(), (x.float() @ layer.dense_weight().detach().float().T
+                                          + layer.bias.detach().float()), rtol=2e-2, atol=2e-2)
+    y = layer(x.requires_grad_())  # with autograd: the dense W made for the call, nothing kept anew
+    assert y.grad_fn is not None

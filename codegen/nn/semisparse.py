@@ -14,7 +14,9 @@ a store or its URL, a ``SeedKernels``, a ``Kernels``) and launched with WC = ``v
 ``metadata``. Where there is no kernel (a CPU tensor, fp32 or another dtype, no kernel for the
 problem, a verdict that says dense cuBLAS won, unless the ``Kernels`` run ours everywhere) torch
 computes X·W_maskedᵀ from the dense W scattered from the kept halves, and the reason is logged once
-per problem and device (logger ``gemmscape.nn``).
+per problem and device (logger ``gemmscape.nn``). Where the verdict said dense cuBLAS won an
+inference forward (no autograd), the dense W is kept between calls while the values do not change,
+so the layer runs as fast as the dense one would (with its memory).
 
 The backward runs on torch: dX = dY·W on the dense masked W (cuBLAS; Wᵀ is not 2:4 along its own K,
 so the sparse kernel cannot take it), and the gradient of ``values`` is dYᵀ·X gathered at the kept
@@ -116,6 +118,8 @@ class Sparse24Linear(nn.Module):
         device = self.metadata.device
         self.register_buffer("columns", torch.as_tensor(_columns(positions), device=device), persistent=False)
         self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = _Cache()
+        self._cublas_won: dict[tuple, bool] = _Cache()  # a GEMM's key -> a verdict said dense cuBLAS beats ours
+        self._kept: dict[str, tuple] = _Cache()  # "w" -> (the values' identity, W dense), see _kept_dense
 
     def positions(self) -> np.ndarray:
         """Each kept value's place in its group of four (uint8 [out, KP/2], read from ``metadata``)."""
@@ -157,7 +161,8 @@ class Sparse24Linear(nn.Module):
     def use_kernels(self, kernels) -> Sparse24Linear:
         """Run on ``kernels`` from now on (the GEMMs resolved so far are looked up again). Returns the layer."""
         self.kernels = kernels_from(kernels)
-        self._gemms.clear()
+        for cache in (self._gemms, self._cublas_won, self._kept):
+            cache.clear()
         return self
 
     # ---- conversions ----------------------------------------------------------------------------------
@@ -233,8 +238,8 @@ class Sparse24Linear(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or values.requires_grad
                                         or (bias is not None and bias.requires_grad)):
             y = _Sparse24Function.apply(x2, values, bias, self)
-        else:
-            y = self._forward(x2, values, bias)
+        else:  # nothing to differentiate: the forward GEMM without autograd's bookkeeping
+            y = self._forward(x2, values, bias, inference=True)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def problem(self, batch: int, dtype, bias: bool | None = None) -> Problem:
@@ -257,13 +262,18 @@ class Sparse24Linear(nn.Module):
             problem = self.problem(batch, DTYPES[dtype], bias)
             compiled = self.kernels.kernel(problem, device)
             got = (problem, compiled) if compiled is not None else None
+            if got is None and (self.kernels.used(problem, device) or "").startswith("torch: cuBLAS won"):
+                self._cublas_won[key] = True
         self._gemms[key] = got
         return got
 
-    def _forward(self, x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        found = self._gemm(x.shape[0], x.dtype, values.dtype, x.device, bias is not None)
+    def _forward(self, x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+                 inference: bool = False) -> torch.Tensor:
+        key = (x.shape[0], x.dtype, values.dtype, x.device, bias is not None)
+        found = self._gemm(*key)
         if found is None or x.shape[1] != self.in_features:
-            return F.linear(x, self._dense(values), bias)
+            keep = inference and key in self._cublas_won
+            return F.linear(x, self._kept_dense(values) if keep else self._dense(values), bias)
         problem, k = found
         y = torch.empty((problem.m, problem.n), dtype=x.dtype, device=x.device)
         k({"y": y, "x": _ready(x), "values": _ready(values), "bias": _ready(bias) if bias is not None else None,
@@ -274,6 +284,24 @@ class Sparse24Linear(nn.Module):
         """W [out, in] from kept halves ``values`` (zeros elsewhere; differentiable in ``values``)."""
         kp = 2 * values.shape[1]
         return values.new_zeros((self.out_features, kp)).scatter(1, self.columns, values)[:, : self.in_features]
+
+    def _kept_dense(self, values: torch.Tensor) -> torch.Tensor:
+        """W dense for an inference forward whose verdict says dense cuBLAS beats our kernel: made once
+        and kept while ``values`` is unchanged (the parameter's storage and version: an in-place update,
+        an optimizer step or a loaded state dict makes it anew), so the layer then costs what the dense
+        layer costs, holding a dense W's memory. Made but not kept while a CUDA graph is captured."""
+        p = self.values
+        if values.data_ptr() != p.data_ptr() or values.dtype != p.dtype or values.shape != p.shape:
+            return self._dense(values)  # not the parameter itself (an autocast copy): nothing to key it by
+        key = (p.data_ptr(), p._version, p.dtype, p.device)
+        hit = self._kept.get("w")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with torch.no_grad():
+            dense = self._dense(values)
+        if not (dense.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._kept["w"] = (key, dense)
+        return dense
 
     def _gather(self, dense: torch.Tensor) -> torch.Tensor:
         """The kept halves of a dense [out, in] array (K's padding zero)."""

@@ -134,3 +134,14 @@ def test_autocast_runs_the_kernel_in_the_autocast_dtype():
     with torch.no_grad():  # an fp32 layer without autocast: torch, said once
         y = layer(x)
     assert _rel(y, want) < DType.fp32.rel_tol
+
+
+def test_engine_timing_of_a_2_4_w_runs_the_sparse24_kernel():
+    from codegen.nn.layer import Kernels
+    from codegen.nn.timing import engine_timing
+    from codegen.problem import Problem
+
+    problem = Problem(16, 1032, 520, DType.bf16, sparsity="2:4", density=0.5)
+    t = engine_timing(problem, Kernels(SeedKernels()), reps=4, rounds=2)
+    assert t.ran.startswith("sp24_bf16_") and not t.wrong and len(t.ours) == len(t.torch) == 4
+    assert t.engine["weight_bytes"] < t.engine["dense_weight_bytes"]
