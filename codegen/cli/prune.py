@@ -22,11 +22,13 @@ def register(commands: Commands) -> None:
     p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments; its weights are "
                    "pruned) or a module saved whole with torch.save (.pt/.pth)")
     p.add_argument("--density", type=kept_fraction, metavar="D",
-                   help="fraction of each W's blocks kept, above 0 and at most 1 (with --block)")
+                   help="fraction of each W's blocks kept, above 0 and at most 1 (with --block; no default: "
+                   "needed unless --pattern)")
     p.add_argument("--block", type=int, choices=BLOCKS, metavar="{" + ",".join(map(str, BLOCKS)) + "}",
-                   help="side of W's square blocks; at most the smaller side of each pruned W (with --density)")
+                   help="side of W's square blocks; at most the smaller side of each pruned W (with --density; no "
+                   "default: needed unless --pattern)")
     p.add_argument("--pattern", choices=("2:4",), help="prune to a structured pattern instead of blocks: 2:4 keeps "
-                   "the two of largest magnitude of every four along K (no --density or --block)")
+                   "the two of largest magnitude of every four along K (no --density or --block; default: blocks)")
     p.add_argument("--layers", metavar="REGEX", help="prune the nn.Linear layers whose qualified name this regular "
                    "expression matches (re.search) (default: every nn.Linear)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the safetensors file to write")
