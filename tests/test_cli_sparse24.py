@@ -153,5 +153,12 @@ def test_a_stored_2_4_kernel_is_listed_and_exported_with_its_operands(tmp_path, 
     assert code == 1 and "no ok kernel stored for 130x264x136_bf16_forward_bias" in err  # the dense problem: none
     code, out, err = run(["export", "--bundle", str(tmp_path / "b"), "--sparsity", "2:4", "--db", url], capsys)
     assert code == 2 and "drop --sparsity" in err
-    code, out, err = run(["export", "--bundle", str(tmp_path / "b"), "--db", url], capsys)  # the layer takes none
-    assert code == 1 and f"skipped {problem.key} on NVIDIA H200: a 2:4 W, which codegen.nn does not take" in err
+    code, out, err = run(["export", "--bundle", str(tmp_path / "b"), "--db", url], capsys)  # Sparse24Linear's kernel
+    assert code == 0, err
+    index = json.loads((tmp_path / "b" / "index.json").read_text())
+    assert [(e["key"], e["kernel"]) for e in index["kernels"]] == [(problem.key, name)] and not index["skipped"]
+    from codegen.nn.bundle import Bundle
+
+    found = Bundle(tmp_path / "b").find(problem, DEVICE["name"])
+    assert found.manifest["name"] == name and [a["name"] for a in found.manifest["kernels"][0]["args"]] == \
+        ["Y", "X", "WC", "B", "WS", "WE", "M", "N", "K"]

@@ -9,6 +9,8 @@
 - ``codegen.nn.sparse``: the layer with a block-sparse W (``BlockSparseLinear``; its weight gradient
   sampled at the kept blocks), and ``codegen.nn.pruned``: a model pruned to it (``codegen prune``)
   and its safetensors file (``load_pruned``).
+- ``codegen.nn.semisparse``: the layer with a 2:4 structured-sparse W (``Sparse24Linear``; its forward
+  on the sparse24 kernels, its backward on torch).
 
 These sit above codegen's core (problem, spec, families, render, compile, engine, export, ...):
 they use the search and the store, which the core never imports. Importing this package imports no
@@ -18,11 +20,15 @@ below load ``codegen.nn.layer`` (and torch) when first asked for: ``from codegen
 
 from __future__ import annotations
 
-__all__ = ["BlockSparseLinear", "Kernels", "Linear", "kernels_from", "load_pruned", "replace_linear"]
+__all__ = ["BlockSparseLinear", "Kernels", "Linear", "Sparse24Linear", "kernels_from", "load_pruned", "replace_linear"]
 _SPARSE = ("BlockSparseLinear", "load_pruned")
 
 
 def __getattr__(name: str):
+    if name == "Sparse24Linear":
+        from codegen.nn import semisparse
+
+        return semisparse.Sparse24Linear
     if name in _SPARSE:
         from codegen.nn import sparse
 

@@ -70,8 +70,8 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
     (``codegen pick-step`` chooses by the train step's time). Problems with no kernel that can be
     exported (no stored source of the measured kernel and the templates render another, or stored
     sources that no longer fit today's plan) are listed under ``skipped`` with the reason, never
-    shipped with a measurement of other source; so are the problems of a 2:4 W, which the layer does
-    not take. Each entry's cold_single verdict comes from its trial
+    shipped with a measurement of other source. A 2:4 W's problems are exported like any other (the
+    forward of ``codegen.nn.semisparse.Sparse24Linear`` finds them by their key). Each entry's cold_single verdict comes from its trial
     row (judged at ``margin``); verdicts of other timings that a bundle already in ``out`` holds for the
     same kernel, problem and device are kept (a re-export does not lose what engine timing found)."""
     from codegen.export import write_export
@@ -87,11 +87,6 @@ def write_bundle(store, out: Path, *, device_id: int | None = None, family: str 
         if first.get("recorded") and not include_recorded:
             continue
         problem = Problem.from_dict(first)
-        if problem.structured:  # the layer has no 2:4 W: its kernels are exported one by one
-            skipped.append({"problem": problem.key, "device": first["device"], "kernel": first["kernel"],
-                            "reason": f"a {problem.sparsity} W, which codegen.nn does not take (export it with "
-                                      f"`codegen export --best ... --sparsity {problem.sparsity}`)"})
-            continue
         picked = (choose or pick_stored)(store, problem, rows)
         if isinstance(picked, str):
             skipped.append({"problem": problem.key, "device": first["device"], "kernel": first["kernel"], "reason": picked})
@@ -197,8 +192,9 @@ class Bundle:
     def cublas_won_all(self, in_features: int, out_features: int, dtype: str, bias: bool) -> bool:
         """Whether the bundle holds GEMMs of this linear layer (any batch, any device) and cuBLAS won
         every one of them: then a model runs it best as torch's own ``nn.Linear`` (``replace_linear``
-        leaves it). Only a dense W's GEMMs count: a block-sparse layer of the same shape is another layer."""
+        leaves it). Only a dense W's GEMMs count: a block-sparse or 2:4 layer of the same shape is another layer."""
         mine = [e for e in self.entries if not (e.get("problem") or {}).get("block")
+                and not (e.get("problem") or {}).get("sparsity")
                 and e.get("layer", {}).get("in") == in_features
                 and e.get("layer", {}).get("out") == out_features and e.get("dtype") == dtype
                 and bool(e.get("bias")) == bias]
@@ -295,6 +291,9 @@ class SeedKernels:
     #: "2026-12-02: the Hopper probe re-run"). Its backward GEMMs need 16-byte rows (M, N, K multiples of
     #: 8 as the layout reads them); where they are not, the next family's seed is taken.
     HOPPER_MIN_M = 256
+    #: The families a structured-sparse W's problems take seeds from (``families`` may name others
+    #: under the sparsity, e.g. {"2:4": ("sparse24",)}).
+    STRUCTURED = {"2:4": ("sparse24",)}
 
     def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:
         self.families = {**self.DEFAULT, **(families or {})}
@@ -312,10 +311,13 @@ class SeedKernels:
         limits = DeviceLimits.for_arch(self.arch)
         why = []
         order = self.families.get(problem.dtype.value, ())
-        if self.hopper_first and problem.dtype.value in ("bf16", "fp16") and problem.m >= self.HOPPER_MIN_M:
+        if problem.structured:  # a 2:4 W: only the families that compute its sparsity
+            order = self.families.get(problem.sparsity, self.STRUCTURED.get(problem.sparsity, ()))
+        elif self.hopper_first and problem.dtype.value in ("bf16", "fp16") and problem.m >= self.HOPPER_MIN_M:
             order = ("hopper", *order)
         for family in order:
-            space = space_for(family, problem.dtype, block=problem.block, layout=problem.layout)
+            space = space_for(family, problem.dtype, block=problem.block, layout=problem.layout,
+                              sparsity=problem.sparsity)
             valid = []
             points = seeds(family, problem.block, problem.layout)
             if problem.layout is not Layout.forward:  # then the forward seeds, mapped onto the layout

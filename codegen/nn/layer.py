@@ -37,12 +37,14 @@ __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
 log = logging.getLogger("gemmscape.nn")
 
 DTYPES = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT", "RP", "CI", "WT")
+POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT", "RP", "CI", "WT", "WC", "WE")
 #: A kernel argument's array per layout (codegen.launch.LAYOUT_SLOTS names them) -> the tensor it is here.
 #: A block-sparse W's kernels also take its BSR arrays (codegen.nn.sparse): W's row pointers RP and
-#: block columns CI, and for grad_input Wᵀ's blocks WT with Wᵀ's RP and CI.
+#: block columns CI, and for grad_input Wᵀ's blocks WT with Wᵀ's RP and CI. A 2:4 W's forward kernel
+#: takes its kept halves WC and their metadata WE (codegen.nn.semisparse).
 OPERANDS = {
-    Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias", "RP": "indptr", "CI": "indices"},
+    Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias", "RP": "indptr", "CI": "indices",
+                     "WC": "values", "WE": "metadata"},
     Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight", "WT": "weight_t", "RP": "t_indptr",
                         "CI": "t_indices"},
     Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias", "RP": "indptr",
@@ -612,13 +614,15 @@ def replace_linear(model: nn.Module, kernels, *, ours_everywhere: bool | None = 
     see ``Kernels``). A layer for which a bundle holds GEMMs and cuBLAS won every one of them stays
     torch's ``nn.Linear`` (said once in the log), unless ``ours_everywhere``. A block-sparse layer
     (``codegen.nn.sparse.BlockSparseLinear``, e.g. of a pruned model) runs on the same kernels from
-    then on. Returns ``model``; a model that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
+    then on, and so does a 2:4 layer (``codegen.nn.semisparse.Sparse24Linear``). Returns ``model``; a
+    model that is itself an ``nn.Linear`` comes back as a new ``Linear``."""
+    from codegen.nn.semisparse import Sparse24Linear
     from codegen.nn.sparse import BlockSparseLinear
 
     shared = kernels_from(kernels, ours_everywhere=ours_everywhere)
     if isinstance(model, nn.Linear) and not isinstance(model, Linear):
         return Linear.from_linear(model, shared)
-    if isinstance(model, BlockSparseLinear):
+    if isinstance(model, BlockSparseLinear | Sparse24Linear):
         return model.use_kernels(shared)
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear) and not isinstance(child, Linear):

@@ -1,14 +1,19 @@
-"""A model pruned to block-sparse W, and its file (the optional ``torch`` extra, with safetensors).
+"""A model pruned to block-sparse or 2:4 W, and its file (the optional ``torch`` extra, with safetensors).
 
 ``prune_model`` replaces, in place, the ``nn.Linear`` layers of a model whose qualified names match
-a regular expression by ``BlockSparseLinear`` layers pruned by block magnitude (codegen.sparse.prune_blocks).
+a regular expression by ``BlockSparseLinear`` layers pruned by block magnitude (codegen.sparse.prune_blocks),
+or, with ``pattern="2:4"``, by ``Sparse24Linear`` layers pruned to two of every four along K by
+magnitude (codegen.sparse24.mask24).
 ``save_pruned`` writes the model's weights as one safetensors file: every tensor of its state dict,
 a pruned layer's W as ``NAME.blocks`` [nnzb, block, block] with its BSR structure ``NAME.indptr``
 and ``NAME.indices`` (int32), and in the file's metadata, under ``gemmscape.pruned``, a JSON object
 naming each pruned layer with its block, W's shape [out, in], density, kept blocks and pattern hash
-(``format`` is ``gemmscape-pruned/1``). ``load_pruned`` puts such a file back into the model it came
-from: each pruned layer (an ``nn.Linear`` there) becomes a ``BlockSparseLinear`` of the file's
-pattern and values, and every other tensor is loaded as it is.
+(``format`` is ``gemmscape-pruned/1``). A 2:4 layer's W is ``NAME.values`` [out, KP/2] (its kept
+halves) with ``NAME.metadata`` (int32, their positions as the sparse kernels read them), and its
+description is ``{"sparsity": "2:4", "shape", "density": 0.5, "bias"}`` (no ``block``).
+``load_pruned`` puts such a file back into the model it came from: each pruned layer (an
+``nn.Linear`` there) becomes a ``BlockSparseLinear`` of the file's pattern and values, or a
+``Sparse24Linear`` of its kept values and metadata, and every other tensor is loaded as it is.
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ from torch import nn
 
 from codegen import sparse
 from codegen.nn.layer import kernels_from
+from codegen.nn.semisparse import Sparse24Linear
 from codegen.nn.sparse import BlockSparseLinear
 
 __all__ = ["FORMAT", "PruneError", "load_model_weights", "load_pruned", "prune_model", "pruned_layers", "read_patterns",
-           "save_pruned", "select_linears"]
+           "save_pruned", "select_linears", "sparse24_layers"]
 
 FORMAT = "gemmscape-pruned/1"
 META_KEY = "gemmscape.pruned"
+#: The structured patterns ``prune_model`` takes besides blocks.
+PATTERNS = ("2:4",)
 
 
 class PruneError(ValueError):
@@ -76,16 +84,31 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> nn.Module:
     return model
 
 
-def prune_model(model: nn.Module, density: float, block: int, layers: str | None = None, *,
-                kernels=None) -> nn.Module:
+def prune_model(model: nn.Module, density: float | None, block: int | None, layers: str | None = None, *,
+                kernels=None, pattern: str | None = None) -> nn.Module:
     """Every ``nn.Linear`` of ``model`` whose name ``layers`` matches (all without it) replaced in
     place by a ``BlockSparseLinear`` keeping the ``round(density x blocks)`` blocks of W of largest
     norm. Returns ``model`` (a new layer where the model is itself an ``nn.Linear``). PruneError
     (nothing replaced) for a density outside (0, 1], a block not in codegen.sparse.BLOCKS or larger
-    than a chosen layer's W, or no layer chosen."""
+    than a chosen layer's W, or no layer chosen. With ``pattern="2:4"`` (density and block None) each
+    becomes a ``Sparse24Linear`` (codegen.nn.semisparse) keeping two of every four along K by magnitude."""
     chosen = select_linears(model, layers)
-    _check(chosen, density, block)
     shared = kernels_from(kernels)  # one source for every layer: a fallback is logged once, not once per layer
+    if pattern is not None:
+        if pattern not in PATTERNS:
+            raise PruneError(f"the pattern is one of {', '.join(PATTERNS)} (or blocks: --density and --block), "
+                             f"not {pattern!r}")
+        if density is not None or block is not None:
+            raise PruneError(f"a {pattern} pattern keeps half of each W by itself: drop --density and --block")
+        for name, layer in chosen.items():
+            if layer.weight.is_meta:
+                raise PruneError(f"layer {name or '(model)'} has no weights (the meta device): build the model with them")
+        for name, layer in chosen.items():
+            model = _replace(model, name, Sparse24Linear.from_linear(layer, kernels=shared))
+        return model
+    if density is None or block is None:
+        raise PruneError("a block-sparse prune needs both --density and --block (or --pattern 2:4)")
+    _check(chosen, density, block)
     for name, layer in chosen.items():
         model = _replace(model, name, BlockSparseLinear.from_linear(layer, density, block, kernels=shared))
     return model
@@ -96,7 +119,15 @@ def pruned_layers(model: nn.Module) -> dict[str, BlockSparseLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, BlockSparseLinear)}
 
 
-def _describe(layer: BlockSparseLinear) -> dict:
+def sparse24_layers(model: nn.Module) -> dict[str, Sparse24Linear]:
+    """The ``Sparse24Linear`` layers of ``model`` by qualified name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, Sparse24Linear)}
+
+
+def _describe(layer: BlockSparseLinear | Sparse24Linear) -> dict:
+    if isinstance(layer, Sparse24Linear):
+        return {"sparsity": "2:4", "shape": [layer.out_features, layer.in_features], "density": layer.density,
+                "bias": layer.bias is not None}
     return {"block": layer.block, "shape": [layer.out_features, layer.in_features], "density": layer.density,
             "nnzb": layer.pattern.nnzb, "pattern": layer.pattern_hash, "bias": layer.bias is not None}
 
@@ -115,7 +146,7 @@ def save_pruned(model: nn.Module, path, metadata: dict[str, str] | None = None) 
         where = t.untyped_storage().data_ptr()
         tensors[key] = t.clone() if where in storages else t  # tied weights: each name gets its own copy
         storages.add(where)
-    layers = {name: _describe(layer) for name, layer in pruned_layers(model).items()}
+    layers = {name: _describe(layer) for name, layer in {**pruned_layers(model), **sparse24_layers(model)}.items()}
     meta = {**(metadata or {}), "format": FORMAT, META_KEY: json.dumps(layers)}
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -152,7 +183,7 @@ _FILE_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 
 
 def read_patterns(path) -> dict[str, tuple[sparse.Pattern, dict]]:
-    """Each layer a pruned-model file prunes: name -> (its pattern, its description from the file's
+    """Each layer a pruned-model file prunes to blocks (2:4 layers are left out): name -> (its pattern, its description from the file's
     metadata with ``dtype``: its blocks' element type, a codegen.problem.DType value, or the file's
     own name of one gemmscape has no kernels for). Reads the metadata and the BSR index arrays only,
     not the weights (what ``codegen tune-model --pruned`` needs). PruneError: not such a file, or a
@@ -167,6 +198,8 @@ def read_patterns(path) -> dict[str, tuple[sparse.Pattern, dict]]:
                 raise PruneError(f"{path} is not a pruned model written by `codegen prune` (format {FORMAT})")
             keys = set(f.keys())
             for name, info in json.loads(meta[META_KEY]).items():
+                if info.get("sparsity"):  # a 2:4 layer: no block pattern (its problems name the sparsity)
+                    continue
                 names = [f"{_at(name)}{t}" for t in ("indptr", "indices", "blocks")]
                 if not all(n in keys for n in names) or len(info.get("shape", ())) != 2:
                     raise PruneError(f"{path}: layer {name or '(model)'} lacks its shape or one of "
@@ -196,16 +229,21 @@ def load_pruned(model: nn.Module, path, *, kernels=None) -> nn.Module:
     for name, info in layers.items():
         out, fin = info["shape"]
         old = model.get_submodule(name) if name else model
-        if not isinstance(old, nn.Linear | BlockSparseLinear) or (old.out_features, old.in_features) != (out, fin):
+        if not isinstance(old, nn.Linear | BlockSparseLinear | Sparse24Linear) or \
+                (old.out_features, old.in_features) != (out, fin):
             raise PruneError(f"{path} prunes layer {name or '(model)'} of W {out}x{fin}, which the model does not have "
                              f"as a linear layer of that shape")
+        if info.get("sparsity"):
+            model = _replace(model, name, _load24(path, name, info, tensors, old, shared))
+            continue
         pattern = sparse.Pattern(out, fin, info["block"], tensors[f"{_at(name)}indptr"].numpy(),
                                  tensors[f"{_at(name)}indices"].numpy())
         if pattern.hash != info["pattern"]:
             raise PruneError(f"{path}: the indptr and indices of layer {name or '(model)'} are not its pattern "
                              f"{info['pattern']} (a damaged file)")
         bias = tensors.get(f"{_at(name)}bias")
-        device = old.blocks.device if isinstance(old, BlockSparseLinear) else old.weight.device
+        device = old.blocks.device if isinstance(old, BlockSparseLinear) else \
+            old.values.device if isinstance(old, Sparse24Linear) else old.weight.device
         model = _replace(model, name, BlockSparseLinear.from_blocks(
             fin, out, pattern, tensors[f"{_at(name)}blocks"], bias, kernels=shared,
             device="cpu" if device.type == "meta" else device))
@@ -217,6 +255,27 @@ def load_pruned(model: nn.Module, path, *, kernels=None) -> nn.Module:
             f"{what} {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}"
             for what, keys in (("missing", missing), ("not in the model", unexpected)) if keys))
     return model
+
+
+def _load24(path, name: str, info: dict, tensors: dict, old: nn.Module, kernels) -> Sparse24Linear:
+    """The 2:4 layer ``name`` of a pruned-model file, its metadata checked (the values and the bias
+    are loaded with the rest of the state dict)."""
+    out, fin = info["shape"]
+    values, metadata = tensors.get(f"{_at(name)}values"), tensors.get(f"{_at(name)}metadata")
+    if info["sparsity"] not in PATTERNS or values is None or metadata is None:
+        raise PruneError(f"{path}: layer {name or '(model)'} is {info['sparsity']} but lacks its values or metadata, "
+                         f"or gemmscape does not know the pattern (a damaged file)")
+    device = next((p.device for p in old.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    layer = Sparse24Linear(fin, out, bool(info.get("bias")), device=device, dtype=values.dtype, kernels=kernels)
+    try:
+        if metadata.shape != layer.metadata.shape or values.shape != layer.values.shape:
+            raise ValueError(f"values {tuple(values.shape)} and metadata {tuple(metadata.shape)} are not those of a "
+                             f"2:4 W {out}x{fin}")
+        layer.metadata.copy_(metadata)
+        layer.set_extra_state(layer.get_extra_state())  # checks the metadata and derives the kept columns
+    except ValueError as e:
+        raise PruneError(f"{path}: layer {name or '(model)'}: {e} (a damaged file)") from None
+    return layer
 
 
 def _at(name: str) -> str:

@@ -15,8 +15,10 @@ first, then written by a replay of the graph).
 A block-sparse W is timed the same way: ``copies`` ``BlockSparseLinear`` layers on the problem's pattern
 (distinct values; their kept blocks together at least ``L2_FACTOR`` L2 caches), each called under
 no_grad as the layer runs in inference, against ``F.linear`` on each copy's dense W (dense cuBLAS, the
-baseline a block-sparse kernel must beat). ``time_in_graphs`` is the harness itself, for any pair
-of forward calls over copies.
+baseline a block-sparse kernel must beat). A 2:4 W (``sparsity="2:4"``) is timed alike: ``copies``
+``Sparse24Linear`` layers (random W pruned to 2:4 by magnitude) against ``F.linear`` on each copy's
+dense masked W. ``time_in_graphs`` is the harness itself, for any pair of forward calls over copies
+(benchmarks/sparse24.py times cuSPARSELt's semi-structured W with it too).
 
 ``engine_timing`` gives the times; ``engine_verdict`` judges one tuned kernel against cuBLAS this way
 (codegen.nn.verdict, timing ``engine``), as ``codegen tune-model --bundle`` does for the forward GEMMs
@@ -36,7 +38,7 @@ from codegen.problem import DType, Layout, Problem
 
 __all__ = ["L2_FACTOR", "MAX_COPIES", "MIN_CALLS", "MIN_COPIES", "EngineJudged", "EngineTiming", "calls_for",
            "copies_for", "engine_candidates", "engine_timing", "engine_verdict", "judge_in_engine_timing",
-           "sparse_copies", "stats", "time_in_graphs"]
+           "sparse24_copies", "sparse_copies", "stats", "time_in_graphs"]
 
 #: The weights of one replay are at least this many times the L2 cache.
 L2_FACTOR = 4
@@ -110,16 +112,18 @@ def engine_timing(problem: Problem, kernels, *, l2_bytes: int | None = None, rep
     if l2_bytes is None:
         l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     m, n, k = problem.m, problem.n, problem.k
-    # The bytes of one weight copy as ours reads it: W, or a block-sparse W's kept blocks and block columns.
+    # The bytes of one weight copy as ours reads it: W, a block-sparse W's kept blocks and block columns,
+    # or a 2:4 W's kept halves and their metadata.
     weight_bytes = (problem.nnzb * problem.block ** 2 * dtype.itemsize + 4 * problem.nnzb if problem.sparse
-                    else n * k * dtype.itemsize)
+                    else sparse24_bytes(n, k, dtype.itemsize) if problem.structured else n * k * dtype.itemsize)
     copies = copies_for(weight_bytes, l2_bytes)
     calls = calls_for(copies)
     gen = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(m, k, device="cuda", dtype=dtype, generator=gen) for _ in range(copies)]
     bs = [torch.randn(n, device="cuda", dtype=dtype, generator=gen) if problem.bias else None for _ in range(copies)]
-    if problem.sparse:
-        layers = sparse_copies(problem, kernels, copies, bs, gen)
+    if problem.sparse or problem.structured:
+        made = sparse24_copies if problem.structured else sparse_copies
+        layers = made(problem, kernels, copies, bs, gen)
         ws = [layer.dense_weight().detach() for layer in layers]
 
         def ours_call(i):
@@ -140,7 +144,7 @@ def engine_timing(problem: Problem, kernels, *, l2_bytes: int | None = None, rep
     ran = kernels.used(problem, xs[0].device) or "torch: not asked"
     engine = {"copies": copies, "calls_per_replay": calls, "weight_bytes": weight_bytes, "l2_bytes": l2_bytes,
               "replays": len(ours)}
-    if problem.sparse:
+    if problem.sparse or problem.structured:
         engine["dense_weight_bytes"] = n * k * dtype.itemsize  # what cuBLAS reads per call
     return EngineTiming(ours, theirs, ran, rel, engine, problem.dtype)
 
@@ -161,6 +165,40 @@ def sparse_copies(problem: Problem, kernels, copies: int, biases: list, gen) -> 
                              generator=gen) * problem.k ** -0.5
         layers.append(BlockSparseLinear.from_blocks(pattern.k, pattern.n, pattern, blocks, biases[i], kernels=kernels,
                                                     dtype=dtype, device="cuda").eval())
+    return layers
+
+
+def sparse24_bytes(n: int, k: int, itemsize: int) -> int:
+    """The bytes a 2:4 W [n, k] is read as: its kept halves [n, KP/2] and their metadata (4 bits a group)."""
+    from codegen.sparse24 import padded_k
+
+    kp = padded_k(k)
+    return n * kp // 2 * itemsize + -(-n // 16) * 16 * kp // 8
+
+
+def sparse24_copies(problem: Problem, kernels, copies: int, biases: list, gen) -> list:
+    """``copies`` Sparse24Linear layers of ``problem``'s shape (the first a random W pruned to 2:4 by
+    magnitude, the others its pattern with values of their own, each its own metadata; ``biases``
+    theirs) on the GPU, all finding their kernels in ``kernels``: what engine timing calls for a 2:4 W."""
+    import copy
+
+    import torch
+
+    from codegen.nn.semisparse import Sparse24Linear
+
+    dtype = getattr(torch, TORCH_DTYPES[problem.dtype.value])
+    scale = problem.k ** -0.5
+    w = torch.randn(problem.n, problem.k, device="cuda", dtype=dtype, generator=gen) * scale
+    first = Sparse24Linear.from_dense(w, biases[0], kernels=kernels).eval()
+    layers = [first]
+    for i in range(1, copies):
+        layer = copy.deepcopy(first)
+        with torch.no_grad():
+            fresh = torch.randn(layer.values.shape, device="cuda", dtype=dtype, generator=gen) * scale
+            layer.values.copy_(layer._gather(layer._dense(fresh)))  # K's padding stays zero
+            if biases[i] is not None:
+                layer.bias = torch.nn.Parameter(biases[i], requires_grad=False)
+        layers.append(layer)
     return layers
 
 
