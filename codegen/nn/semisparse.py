@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from codegen import sparse24
+from codegen.nn.compressed import CompressedLinear
 from codegen.nn.layer import DTYPES, _Compiled, _ready, kernels_from
 from codegen.problem import Layout, Problem
 
@@ -44,16 +45,6 @@ log = logging.getLogger("gemmscape.nn")
 
 #: The sparsity the layer's problems name (codegen.problem.Problem.sparsity).
 SPARSITY = "2:4"
-
-
-class _Cache(dict):
-    """GEMMs resolved so far: a copied or pickled layer starts with none and resolves its own."""
-
-    def __deepcopy__(self, memo) -> _Cache:
-        return _Cache()
-
-    def __reduce__(self):
-        return _Cache, ()
 
 
 def _metadata_shape(out_features: int, in_features: int) -> tuple[int, int, int]:
@@ -86,11 +77,14 @@ class _Sparse24Function(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-class Sparse24Linear(nn.Module):
+class Sparse24Linear(CompressedLinear):
     """``nn.Linear`` with W [out_features, in_features] 2:4 sparse along in_features: ``values`` [out,
     KP/2] are the kept halves (the parameter), ``metadata`` their positions as the sparse kernels read
     them. A new layer keeps positions 0 and 1 of every group (``from_linear`` and ``from_dense`` choose
     by magnitude). ``kernels`` as for ``codegen.nn.Linear``; without one the forward runs torch."""
+
+    STORED = "values"
+    FUNCTION = _Sparse24Function
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
                  kernels=None) -> None:
@@ -117,9 +111,7 @@ class Sparse24Linear(nn.Module):
         dense column."""
         device = self.metadata.device
         self.register_buffer("columns", torch.as_tensor(_columns(positions), device=device), persistent=False)
-        self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = _Cache()
-        self._cublas_won: dict[tuple, bool] = _Cache()  # a GEMM's key -> a verdict said dense cuBLAS beats ours
-        self._kept: dict[str, tuple] = _Cache()  # "w" -> (the values' identity, W dense), see _kept_dense
+        self._new_caches()
 
     def positions(self) -> np.ndarray:
         """Each kept value's place in its group of four (uint8 [out, KP/2], read from ``metadata``)."""
@@ -158,13 +150,6 @@ class Sparse24Linear(nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
-    def use_kernels(self, kernels) -> Sparse24Linear:
-        """Run on ``kernels`` from now on (the GEMMs resolved so far are looked up again). Returns the layer."""
-        self.kernels = kernels_from(kernels)
-        for cache in (self._gemms, self._cublas_won, self._kept):
-            cache.clear()
-        return self
-
     # ---- conversions ----------------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, layer: nn.Linear, *, kernels=None) -> Sparse24Linear:
@@ -202,46 +187,11 @@ class Sparse24Linear(nn.Module):
                 new.bias.copy_(bias)
         return new
 
-    def to_dense(self) -> nn.Linear:
-        """An ``nn.Linear`` of the same W (zeros where pruned) and bias, as new parameters."""
-        w = self.values.detach()
-        dense = nn.Linear(self.in_features, self.out_features, self.bias is not None, device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            dense.weight.copy_(self.dense_weight())
-            if self.bias is not None:
-                dense.bias.copy_(self.bias)
-        return dense
-
-    def dense_weight(self) -> torch.Tensor:
-        """W [out, in] as a dense tensor, zeros where pruned (differentiable in ``values``)."""
-        return self._dense(self.values)
-
     @property
     def density(self) -> float:
         return sparse24.KEEP / sparse24.GROUP
 
     # ---- running --------------------------------------------------------------------------------------
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        x, values, bias = input, self.values, self.bias
-        kind = input.device.type
-        if torch.is_autocast_enabled(kind):  # autocast: the GEMMs in the autocast dtype, then autocast off
-            dtype = torch.get_autocast_dtype(kind)
-            x, values = x.to(dtype), values.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
-            with torch.autocast(kind, enabled=False):
-                return self._run(x, values, bias)
-        return self._run(x, values, bias)
-
-    def _run(self, x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.dim() == 2
-        x2 = x if flat else x.reshape(-1, self.in_features)
-        if torch.is_grad_enabled() and (x.requires_grad or values.requires_grad
-                                        or (bias is not None and bias.requires_grad)):
-            y = _Sparse24Function.apply(x2, values, bias, self)
-        else:  # nothing to differentiate: the forward GEMM without autograd's bookkeeping
-            y = self._forward(x2, values, bias, inference=True)
-        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
-
     def problem(self, batch: int, dtype, bias: bool | None = None) -> Problem:
         """The forward GEMM of this layer at ``batch`` rows of ``dtype`` (a gemmscape DType or its
         name): what its kernel is looked up by (``codegen search --sparsity 2:4`` tunes it)."""
@@ -284,24 +234,6 @@ class Sparse24Linear(nn.Module):
         """W [out, in] from kept halves ``values`` (zeros elsewhere; differentiable in ``values``)."""
         kp = 2 * values.shape[1]
         return values.new_zeros((self.out_features, kp)).scatter(1, self.columns, values)[:, : self.in_features]
-
-    def _kept_dense(self, values: torch.Tensor) -> torch.Tensor:
-        """W dense for an inference forward whose verdict says dense cuBLAS beats our kernel: made once
-        and kept while ``values`` is unchanged (the parameter's storage and version: an in-place update,
-        an optimizer step or a loaded state dict makes it anew), so the layer then costs what the dense
-        layer costs, holding a dense W's memory. Made but not kept while a CUDA graph is captured."""
-        p = self.values
-        if values.data_ptr() != p.data_ptr() or values.dtype != p.dtype or values.shape != p.shape:
-            return self._dense(values)  # not the parameter itself (an autocast copy): nothing to key it by
-        key = (p.data_ptr(), p._version, p.dtype, p.device)
-        hit = self._kept.get("w")
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        with torch.no_grad():
-            dense = self._dense(values)
-        if not (dense.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._kept["w"] = (key, dense)
-        return dense
 
     def _gather(self, dense: torch.Tensor) -> torch.Tensor:
         """The kept halves of a dense [out, in] array (K's padding zero)."""

@@ -32,23 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from codegen import sparse
+from codegen.nn.compressed import CompressedLinear
 from codegen.nn.layer import DTYPES, _Compiled, _ready, kernels_from
 from codegen.problem import Layout, Problem
 
 __all__ = ["BlockSparseLinear", "blocks_to_dense", "dense_to_blocks", "load_pruned"]
 
 log = logging.getLogger("gemmscape.nn")
-
-class _Cache(dict):
-    """A layer's GEMMs resolved so far (kernels loaded on a device): a copied or pickled layer starts
-    with none and resolves its own."""
-
-    def __deepcopy__(self, memo) -> _Cache:
-        return _Cache()
-
-    def __reduce__(self):
-        return _Cache, ()
-
 
 # ---- the GEMMs on torch, from the blocks ---------------------------------------------------------------
 def blocks_to_dense(blocks: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int],
@@ -89,10 +79,13 @@ class _BlockSparseFunction(torch.autograd.Function):
         return grad_x, grad_w if need_w else None, grad_b if need_b else None, None
 
 
-class BlockSparseLinear(nn.Module):
+class BlockSparseLinear(CompressedLinear):
     """``nn.Linear`` with W [out_features, in_features] block-sparse on ``pattern`` (a
     codegen.sparse.Pattern of W's shape): only the kept blocks are parameters (``blocks``) and
     receive gradients. ``kernels`` as for ``codegen.nn.Linear``; without one every GEMM runs torch."""
+
+    STORED = "blocks"
+    FUNCTION = _BlockSparseFunction
 
     def __init__(self, in_features: int, out_features: int, pattern: sparse.Pattern, bias: bool = True, device=None,
                  dtype=None, *, kernels=None) -> None:
@@ -125,9 +118,7 @@ class BlockSparseLinear(nn.Module):
         self.register_buffer("t_indptr", torch.as_tensor(t.indptr, device=device), persistent=False)
         self.register_buffer("t_indices", torch.as_tensor(t.indices, device=device), persistent=False)
         self.register_buffer("t_order", torch.as_tensor(order.T[t.mask()], device=device), persistent=False)
-        self._gemms: dict[tuple, tuple[Problem, _Compiled] | None] = _Cache()
-        self._cublas_won: dict[tuple, bool] = _Cache()  # a GEMM's key -> a verdict said dense cuBLAS beats ours
-        self._kept: dict[str, tuple] = _Cache()  # "w" -> (the blocks' identity, W dense), see _kept_dense
+        self._new_caches()
 
     @property
     def pattern(self) -> sparse.Pattern:
@@ -167,14 +158,6 @@ class BlockSparseLinear(nn.Module):
         dense = blocks_to_dense(blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
         return dense_to_blocks(dense, self.rows, self.cols, self.block)
 
-    def use_kernels(self, kernels) -> BlockSparseLinear:
-        """Run on ``kernels`` (as the constructor takes them) from now on: the GEMMs resolved so far are
-        looked up again. Returns the layer."""
-        self.kernels = kernels_from(kernels)
-        for cache in (self._gemms, self._cublas_won, self._kept):
-            cache.clear()
-        return self
-
     # ---- conversions ----------------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, layer: nn.Linear, density: float, block: int, *, kernels=None) -> BlockSparseLinear:
@@ -202,42 +185,7 @@ class BlockSparseLinear(nn.Module):
                 new.bias.copy_(bias)
         return new
 
-    def to_dense(self) -> nn.Linear:
-        """An ``nn.Linear`` of the same W (zeros outside the kept blocks) and bias, as new parameters."""
-        w = self.blocks.detach()
-        dense = nn.Linear(self.in_features, self.out_features, self.bias is not None, device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            dense.weight.copy_(self.dense_weight())
-            if self.bias is not None:
-                dense.bias.copy_(self.bias)
-        return dense
-
-    def dense_weight(self) -> torch.Tensor:
-        """W [out, in] as a dense tensor (differentiable in ``blocks``)."""
-        return blocks_to_dense(self.blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
-
     # ---- running --------------------------------------------------------------------------------------
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        x, blocks, bias = input, self.blocks, self.bias
-        kind = input.device.type
-        if torch.is_autocast_enabled(kind):  # autocast: our GEMMs in the autocast dtype, then autocast off
-            dtype = torch.get_autocast_dtype(kind)
-            x, blocks = x.to(dtype), blocks.to(dtype)
-            bias = bias.to(dtype) if bias is not None else None
-            with torch.autocast(kind, enabled=False):
-                return self._run(x, blocks, bias)
-        return self._run(x, blocks, bias)
-
-    def _run(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.dim() == 2
-        x2 = x if flat else x.reshape(-1, self.in_features)
-        if torch.is_grad_enabled() and (x.requires_grad or blocks.requires_grad
-                                        or (bias is not None and bias.requires_grad)):
-            y = _BlockSparseFunction.apply(x2, blocks, bias, self)
-        else:  # nothing to differentiate: the forward GEMM without autograd's bookkeeping
-            y = self._forward(x2, blocks, bias, inference=True)
-        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
-
     def _gemm(self, layout: Layout, batch: int, dtype: torch.dtype, weight_dtype: torch.dtype, device: torch.device,
               bias: bool) -> tuple[Problem, _Compiled] | None:
         """The ``layout`` GEMM at ``batch`` rows: its problem and kernel, or None (torch runs it; the
@@ -313,25 +261,6 @@ class BlockSparseLinear(nn.Module):
 
     def _dense(self, blocks: torch.Tensor) -> torch.Tensor:
         return blocks_to_dense(blocks, self.rows, self.cols, (self.out_features, self.in_features), self.block)
-
-    def _kept_dense(self, blocks: torch.Tensor) -> torch.Tensor:
-        """W dense for an inference forward whose verdict says dense cuBLAS beats our kernel: made once
-        and kept while the blocks are unchanged (the parameter's storage and version: an in-place
-        update, an optimizer step or a loaded state dict makes it anew), so the layer then costs what
-        the dense layer costs, and holds a dense W's memory. Made but not kept while a CUDA graph is
-        being captured (the capture computes nothing until it is replayed): warm the layer up first."""
-        p = self.blocks
-        if blocks.data_ptr() != p.data_ptr() or blocks.dtype != p.dtype or blocks.shape != p.shape:
-            return self._dense(blocks)  # not the parameter itself (an autocast copy): nothing to key it by
-        key = (p.data_ptr(), p._version, p.dtype, p.device)
-        hit = self._kept.get("w")
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        with torch.no_grad():
-            dense = self._dense(blocks)
-        if not (dense.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._kept["w"] = (key, dense)
-        return dense
 
     def extra_repr(self) -> str:
         where = getattr(self.kernels.source, "location", None) or "none"
