@@ -401,8 +401,12 @@ def default_search(results: Path, base: str) -> str:
 
 
 def sparse_quality(results: Path, base: str) -> str:
-    """benchmarks.sparse_quality's files: per block and density the dense model's held-out bits/byte,
-    one-shot, fine-tuned, and the dense model fine-tuned with the same tokens (the control)."""
+    """benchmarks.sparse_quality's files: per pattern (block-sparse: block and density; 2:4) the dense
+    model's held-out bits/byte, one-shot, fine-tuned, and the dense model fine-tuned with the same
+    tokens (the control). A record's pattern is its problem's ``sparsity`` ("block", "2:4", "none"),
+    or, in files from before 2:4 rows, "block" where it has a block."""
+    from benchmarks.sparse_quality import sparsity_of
+
     files = sorted(p.name for p in results.glob(QUALITY_FILES))
     if not files:
         return "No result of `python3 -m benchmarks.sparse_quality` is committed.\n"
@@ -413,17 +417,21 @@ def sparse_quality(results: Path, base: str) -> str:
         what = f"{m['layers']}×{m['width']} byte GPT, {count(tokens['pretrain'])} tokens"
         by: dict = {}
         for r in doc["records"]:
-            by.setdefault((r["problem"]["block"], r["problem"]["density"]), {})[r["problem"]["phase"]] = r
-        control = by.get((None, 1.0), {}).get("fine-tuned")
-        for (block, density), phases in sorted(by.items(), key=lambda kv: (-(kv[0][0] or 0), -kv[0][1])):
-            if block is None:
+            p = r["problem"]
+            by.setdefault((sparsity_of(p), p["block"], p["density"]), {})[p["phase"]] = r
+        control = by.get(("none", None, 1.0), {}).get("fine-tuned")
+        order = {"block": 0, "2:4": 1}
+        for (sparsity, block, density), phases in sorted(by.items(), key=lambda kv: (order.get(kv[0][0], 2),
+                                                                                      -(kv[0][1] or 0), -kv[0][2])):
+            if sparsity not in order:
                 continue
             one, tuned = phases.get("one-shot"), phases.get("fine-tuned")
             gemms = (tuned or {}).get("ours", {}).get("gemms")
-            rows.append([what, str(block), f"{density:.2f}", f"{doc['dense']['bits_per_byte']:.4f}", bits(one),
+            pattern = f"blocks of {block}" if sparsity == "block" else sparsity
+            rows.append([what, pattern, f"{density:.2f}", f"{doc['dense']['bits_per_byte']:.4f}", bits(one),
                          bits(tuned), bits(control), count(tokens["finetune_per_config"]),
                          f"{gemms['ours']} / {gemms['torch']}" if gemms else "–", *source(doc, one or tuned, name, base)])
-    return table(["model, pretraining", "block", "density of the MLP layers", "dense bits/byte", "one-shot",
+    return table(["model, pretraining", "pattern", "density of the MLP layers", "dense bits/byte", "one-shot",
                   "fine-tuned", "dense fine-tuned alike", "fine-tune tokens", "fine-tune GEMMs ours / torch", *TAIL],
                  rows) + caveats(results, files, base)
 
@@ -469,16 +477,17 @@ class WhenMeasured:
 WHEN_MEASURED: dict[str, WhenMeasured] = {
     "sparse-quality": WhenMeasured(sparse_quality, QUALITY_FILES, "docs/measurements.md",
                                    "## The linear layer (`codegen.nn`) against `nn.Linear`", """\
-### Block sparsity: quality
+### Sparsity: quality
 
 What pruning costs in quality, and what fine-tuning under the pattern wins back: the held-out bits
 per byte (lower is better) of a small byte-level GPT trained from scratch on Python's standard
 library sources (a share of the files held out: every 20th by default), its MLP layers pruned by block magnitude to
-`BlockSparseLinear`, measured at once (one-shot) and after fine-tuning with the pattern fixed, the
-same tokens at every density. "Dense fine-tuned alike" is the dense model trained on those same
-tokens: the fine-tuned rows' fair comparison. `python3 -m benchmarks.sparse_quality` measures it
-(`benchmarks/device/sparse_quality.sh` on a lent GPU); its JSON also holds the wall time of each
-fine-tune and the check that every pruned block stayed zero.
+`BlockSparseLinear` ("blocks of B") or 2:4 by magnitude to `Sparse24Linear` (two kept of every four
+along in_features, "2:4"), measured at once (one-shot) and after fine-tuning with the pattern fixed,
+the same tokens for every pattern and density. "Dense fine-tuned alike" is the dense model trained on
+those same tokens: the fine-tuned rows' fair comparison. `python3 -m benchmarks.sparse_quality`
+measures it (`benchmarks/device/sparse_quality.sh` on a lent GPU); its JSON also holds the wall time
+of each fine-tune and the check that every pruned weight stayed zero.
 """),
 }
 

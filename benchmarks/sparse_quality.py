@@ -1,9 +1,9 @@
-"""Quality of block-sparse pruning, measured: held-out bits per byte of a small byte-level GPT, dense,
-pruned by block magnitude (one-shot), and fine-tuned under the pattern.
+"""Quality of sparse pruning, measured: held-out bits per byte of a small byte-level GPT, dense,
+pruned by block magnitude or 2:4 by magnitude (one-shot), and fine-tuned under the pattern.
 
     python3 -m benchmarks.sparse_quality [--out DIR] [--device cuda] [--layers 6] [--width 512] [--heads 8]
         [--context 256] [--batch 64] [--pretrain-tokens 40M] [--finetune-tokens 6M] [--eval-tokens 1M]
-        [--densities 0.5 0.25 0.1] [--blocks 64 32] [--kernels seeds|none|BUNDLE|URL]
+        [--patterns block 2:4] [--densities 0.5 0.25 0.1] [--blocks 64 32] [--kernels seeds|none|BUNDLE|URL]
         [--max-seconds S] [--checkpoint FILE] [--no-dense-control]
 
 1. The corpus: Python's standard library sources as bytes, every 20th file held out
@@ -12,17 +12,24 @@ pruned by block magnitude (one-shot), and fine-tuned under the pattern.
    ``--pretrain-tokens`` bytes (AdamW, warm-up and cosine decay, bf16 autocast on CUDA, seeded).
 3. Its held-out bits per byte: mean next-byte cross-entropy / ln 2 over ``--eval-tokens`` bytes of
    fixed windows (one seed, the same windows for every model).
-4. For each block x density: a copy of it with both MLP ``nn.Linear`` of every block pruned by
-   block magnitude (codegen.nn.pruned.prune_model: ``BlockSparseLinear``, only the kept blocks are
-   parameters), measured one-shot; then each copy fine-tuned for ``--finetune-tokens`` (the same
-   budget, the same batches, at every density), the kept blocks learning and the others zero by
-   construction (checked after: the dense W of every pruned layer is zero outside the blocks
-   kept at pruning, and the pattern is unchanged), and measured again. Every copy is measured
-   one-shot before the first fine-tune, and its kernels are compared with torch on one batch (the
-   logits and the kept blocks' gradients, relative error). The pruned layers run
-   gemmscape's block-sparse kernels where ``--kernels`` has them (default: the families' built-in
-   seeds, untuned; on the CPU every GEMM runs torch), else torch; the records count which GEMMs ran
-   ours and which torch (with why), and the wall time of each fine-tune (host clock).
+4. ``--patterns`` chooses the pruned copies (default both): ``block``, for each block x density a
+   copy with both MLP ``nn.Linear`` of every block pruned by block magnitude
+   (codegen.nn.pruned.prune_model: ``BlockSparseLinear``, only the kept blocks are parameters);
+   ``2:4``, one copy with them pruned 2:4 by magnitude, two kept of every four along in_features
+   (prune_model with ``pattern="2:4"``, as ``codegen prune --pattern 2:4``: ``Sparse24Linear``, only
+   the kept halves are parameters; density 0.5, ``--densities`` and ``--blocks`` do not apply).
+   Each copy is measured one-shot; then fine-tuned for ``--finetune-tokens`` (the same budget, the
+   same batches, for every copy), the kept values learning and the others zero by construction
+   (checked after: the dense W of every pruned layer is zero outside the blocks, or the positions
+   of each group of four, kept at pruning, no group of four of a 2:4 W holds more than two
+   non-zeros, and the pattern is unchanged), and measured again. Every copy is measured one-shot
+   before the first fine-tune, and its kernels are compared with torch on one batch (the logits and
+   the kept values' gradients, relative error). The pruned layers run gemmscape's block-sparse or
+   sparse24 kernels where ``--kernels`` has them (default: the families' built-in seeds, untuned; on
+   the CPU every GEMM runs torch; a 2:4 layer's backward always runs torch), else torch; the records
+   count which GEMMs ran ours and which torch (with why), and the wall time of each fine-tune (host
+   clock). A record's problem names its pattern: ``"sparsity"`` is ``"block"`` (with ``block`` and
+   ``density``), ``"2:4"`` (``block`` null, ``density`` 0.5) or ``"none"`` (the dense control).
 5. As a control, the dense model fine-tuned with the same budget (``--no-dense-control`` leaves it out).
 
 One JSON (DESIGN.md's format, suite ``sparse-quality``) goes to ``--out`` (default benchmarks/results/)
@@ -51,6 +58,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The patterns ``--patterns`` takes: block-sparse (every ``--blocks`` x ``--densities``) and 2:4.
+PATTERNS = ("block", "2:4")
 RESULTS = ROOT / "benchmarks" / "results"
 SUITE = "sparse-quality"
 MODEL = "tiny-gpt-bytes"
@@ -87,8 +96,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-tokens", type=tokens_arg, default=tokens_arg("1M"), help="held-out bytes per measurement")
     p.add_argument("--lr", type=float, default=1.5e-3, help="pretraining's peak learning rate")
     p.add_argument("--finetune-lr", type=float, default=5e-4, help="fine-tuning's peak learning rate")
-    p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.25, 0.1])
-    p.add_argument("--blocks", type=int, nargs="+", default=[64, 32])
+    p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS),
+                   help="the pruned copies: block (every block x density), 2:4 (one copy, density 0.5); default both")
+    p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.25, 0.1], help="of the block-sparse copies")
+    p.add_argument("--blocks", type=int, nargs="+", default=[64, 32], help="of the block-sparse copies")
     p.add_argument("--holdout-every", type=int, default=20, help="every N-th file of the corpus is held out")
     p.add_argument("--kernels", default="seeds",
                    help="seeds (the families' built-in seeds, default), none (torch), a bundle folder or a store URL")
@@ -112,14 +123,32 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if any(not 0 < d <= 1 for d in args.densities):
         p.error("--densities must lie in (0, 1]")
     bad = [b for b in args.blocks if b not in (16, 32, 64) or b > args.width]
-    if bad:
+    if bad and "block" in args.patterns:
         p.error(f"--blocks must be 16, 32 or 64 and at most --width: {bad}")
+    args.patterns = [q for q in PATTERNS if q in args.patterns]  # each once, block first
     return args
 
 
+def configs(args: argparse.Namespace) -> list[tuple[str, int | None, float]]:
+    """The pruned copies ``--patterns`` asks for: (sparsity, block, density) each."""
+    out = [("block", b, d) for b in args.blocks for d in args.densities] if "block" in args.patterns else []
+    return out + ([("2:4", None, 0.5)] if "2:4" in args.patterns else [])
+
+
+def describe(sparsity: str, block: int | None, density: float) -> str:
+    return {"block": f"block {block} density {density}", "2:4": "2:4"}.get(sparsity, "dense control")
+
+
+def sparsity_of(prob: dict) -> str:
+    """A record's pattern: its ``sparsity``, or for records from before 2:4 rows, "block" or "none"."""
+    return prob.get("sparsity") or ("block" if prob.get("block") else "none")
+
+
 # ---- records ----------------------------------------------------------------------------------------
-def problem(args: argparse.Namespace, block: int | None, density: float, phase: str, dtype: str) -> dict:
-    return {"model": MODEL, "layers": args.layers, "width": args.width, "pruned": "mlp" if block else "none",
+def problem(args: argparse.Namespace, sparsity: str, block: int | None, density: float, phase: str, dtype: str) -> dict:
+    """A record's problem: ``sparsity`` "block" (``block``, ``density``), "2:4" (density 0.5) or "none"."""
+    return {"model": MODEL, "layers": args.layers, "width": args.width,
+            "pruned": "mlp" if sparsity != "none" else "none", "sparsity": sparsity,
             "block": block, "density": density, "phase": phase, "dtype": dtype}
 
 
@@ -134,16 +163,16 @@ def record(prob: dict, bpb: float | None, dense_bpb: float, status: str = "ok", 
 
 
 def table(doc: dict) -> str:
-    """The console table: one line per block and density, one-shot and fine-tuned side by side."""
+    """The console table: one line per pattern (block and density, 2:4), one-shot and fine-tuned side by side."""
     dense = doc.get("dense", {}).get("bits_per_byte")
     lines = [f"dense: {dense:.4f} bits/byte" if dense is not None else "dense: not measured",
-             f"{'block':>5s} {'density':>7s} {'kept':>6s} {'one-shot':>9s} {'fine-tuned':>10s} {'status':>9s} "
+             f"{'pattern':>7s} {'density':>7s} {'kept':>6s} {'one-shot':>9s} {'fine-tuned':>10s} {'status':>9s} "
              f"{'ft s':>7s} {'ft tok/s':>9s} {'GEMMs ours/torch':>16s}"]
     by = {}
     for r in doc["records"]:
         p = r["problem"]
-        by.setdefault((p["block"], p["density"]), {})[p["phase"]] = r
-    for (block, density), phases in by.items():
+        by.setdefault((sparsity_of(p), p["block"], p["density"]), {})[p["phase"]] = r
+    for (sparsity, block, density), phases in by.items():
         one, ft = phases.get("one-shot"), phases.get("fine-tuned")
         o = (ft or one)["ours"]
         g = o.get("gemms") or {}
@@ -151,7 +180,8 @@ def table(doc: dict) -> str:
 
         def bpb(r):
             return f"{r['ours']['bits_per_byte']:.4f}" if r and r["ours"]["bits_per_byte"] is not None else "-"
-        lines.append(f"{block or '-':>5} {density:7.3g} {o.get('kept_density', 1.0):6.3f} {bpb(one):>9s} {bpb(ft):>10s} "
+        name = {"block": f"block {block}", "2:4": "2:4"}.get(sparsity, "dense")
+        lines.append(f"{name:>7} {density:7.3g} {o.get('kept_density', 1.0):6.3f} {bpb(one):>9s} {bpb(ft):>10s} "
                      f"{(ft or one)['ours']['status']:>9s} {f.get('seconds') or 0:7.1f} "
                      f"{(f.get('tokens_per_s') or 0) / 1e3:8.1f}k {g.get('ours', 0):>7}/{g.get('torch', 0):<8}")
     return "\n".join(lines)
@@ -295,15 +325,15 @@ class Phases:
                                   args.eval_seed).to(study.device)
         self.autocast = functools.partial(autocast_for, study.device)
         self.dtype = DTYPES[torch.bfloat16 if study.dtype == "bf16" else torch.float32]
-        configs = len(args.blocks) * len(args.densities)
+        n = len(configs(args))
         study.say(f"plan: pretrain {millions(self.pre_steps * self.rows)} tokens ({self.pre_steps} steps of "
-                  f"{args.batch}x{args.context}); {configs} pruned copies, each measured one-shot and after "
+                  f"{args.batch}x{args.context}); {n} pruned copies ({', '.join(args.patterns)}), each measured one-shot and after "
                   f"{millions(self.ft_steps * self.rows)} tokens of fine-tuning ({self.ft_steps} steps)"
                   + (", and the dense control" if args.dense_control else "")
                   + f"; {millions(len(self.starts) * args.context)} held-out bytes per measurement; kernels: {described}"
                   + (f"; budget {args.max_seconds:g} s" if args.max_seconds else ""))
         study.doc.update(corpus=info, kernels=described,
-                         seeds={"model": args.model_seed, "data": args.data_seed, "finetune": args.finetune_seed,
+                         patterns=args.patterns, seeds={"model": args.model_seed, "data": args.data_seed, "finetune": args.finetune_seed,
                                 "eval": args.eval_seed},
                          tokens={"pretrain": self.pre_steps * self.rows, "finetune_per_config": self.ft_steps * self.rows,
                                  "eval": len(self.starts) * args.context})
@@ -326,11 +356,11 @@ class Phases:
         doc["training"] = {"pretrain": {"schedule": schedule.__dict__, "batch": study.args.batch, **stats},
                            "finetune": {"schedule": self.ft_schedule.__dict__, "batch": study.args.batch,
                                         "steps": self.ft_steps, "trained": "every parameter; of the pruned layers, "
-                                        "the kept blocks"}}
+                                        "the kept blocks (block-sparse) or the kept halves (2:4)"}}
         self.dense_bpb, s = self.measure(model)
         doc["dense"] = {"bits_per_byte": self.dense_bpb, "eval_seconds": s}
         rate = stats.get("tokens_per_s") or float("nan")
-        n = len(study.args.blocks) * len(study.args.densities) + bool(study.args.dense_control)
+        n = len(configs(study.args)) + bool(study.args.dense_control)
         study.say(f"dense: {self.dense_bpb:.4f} bits/byte over {doc['tokens']['eval']} held-out bytes ({s:.1f} s). "
                   f"Pretraining ran {rate / 1e3:.0f}k tokens/s: {n} fine-tunes of {millions(self.ft_steps * self.rows)} "
                   f"tokens would take about {n * self.ft_steps * self.rows / rate:.0f} s at that rate (the sparse layers "
@@ -338,38 +368,44 @@ class Phases:
         study.write()
         return model
 
-    def one_shot(self, model, block: int, density: float):
-        """``model``'s MLP layers pruned (a copy), measured, and its kernels checked against torch; recorded."""
+    def one_shot(self, model, sparsity: str, block: int | None, density: float):
+        """``model``'s MLP layers pruned (a copy) to ``sparsity`` ("block": ``block`` x ``density``; "2:4"),
+        measured, and its kernels checked against torch; recorded."""
         from benchmarks.pruned_checks import gemm_report, kept_density, kernel_check, snapshot
         from benchmarks.tiny_gpt import windows
         from codegen.nn import kernels_from
         from codegen.nn.pruned import prune_model
 
         study = self.study
-        pruned = prune_model(copy.deepcopy(model), density, block, MLP_LAYERS, kernels=kernels_from(self.source))
+        kernels = kernels_from(self.source)
+        if sparsity == "2:4":  # gemmscape's 2:4 prune (codegen prune --pattern 2:4): Sparse24Linear by magnitude
+            pruned = prune_model(copy.deepcopy(model), None, None, MLP_LAYERS, kernels=kernels, pattern="2:4")
+        else:
+            pruned = prune_model(copy.deepcopy(model), density, block, MLP_LAYERS, kernels=kernels)
         bpb, s = self.measure(pruned)
         gemms = gemm_report(pruned, self.rows, self.dtype, ("forward",))
         check = kernel_check(pruned, *windows(self.corpus.heldout, self.starts[:study.args.batch], self.cfg.context),
                              self.autocast)
-        study.doc["records"].append(record(problem(study.args, block, density, "one-shot", study.dtype), bpb,
+        study.doc["records"].append(record(problem(study.args, sparsity, block, density, "one-shot", study.dtype), bpb,
                                            self.dense_bpb, kept_density=kept_density(pruned), eval_seconds=s,
                                            gemms=gemms, check=check))
-        study.say(f"one-shot block {block} density {density}: {bpb:.4f} bits/byte ({s:.1f} s; forward GEMMs ours/torch "
-                  f"{gemms['ours']}/{gemms['torch']}; ours against torch on one batch: logits rel. error "
-                  f"{check['logits_rel_error']:.2g}, block gradients {check['block_grad_rel_error']:.2g})")
+        study.say(f"one-shot {describe(sparsity, block, density)}: {bpb:.4f} bits/byte ({s:.1f} s; forward GEMMs "
+                  f"ours/torch {gemms['ours']}/{gemms['torch']}; ours against torch on one batch: logits rel. error "
+                  f"{check['logits_rel_error']:.2g}, kept values' gradients {check['kept_grad_rel_error']:.2g})")
         study.write()
         return pruned, snapshot(pruned)
 
-    def fine_tune(self, model, block: int | None, density: float, before: dict, estimate: float | None) -> float | None:
-        """Fine-tune ``model`` (pruned, or the dense control where ``block`` is None) with the same budget,
+    def fine_tune(self, model, sparsity: str, block: int | None, density: float, before: dict,
+                  estimate: float | None) -> float | None:
+        """Fine-tune ``model`` (pruned, or the dense control where ``sparsity`` is "none") with the same budget,
         measure and record it; skipped where ``estimate`` (s) exceeds what the budget has left. Returns
         the estimate for the next one (None: none yet)."""
         from benchmarks.pruned_checks import gemm_report, kept_density, pattern_check
         from benchmarks.tiny_gpt import train
 
         study, args = self.study, self.study.args
-        prob = problem(args, block, density, "fine-tuned", study.dtype)
-        what = f"block {block} density {density}" if block else "dense control"
+        prob = problem(args, sparsity, block, density, "fine-tuned", study.dtype)
+        what, pruned = describe(sparsity, block, density), sparsity != "none"
         if (estimate or 0.0) + 5.0 > study.left():
             why = (f"the time budget (--max-seconds {args.max_seconds:g}) had {study.left():.0f} s left"
                    + (f"; a fine-tune takes about {estimate:.0f} s (the last one's, kernels loaded)" if estimate else ""))
@@ -382,7 +418,7 @@ class Phases:
                       label=f"fine-tune {what}", log_every=max(1, self.ft_steps // 5), deadline=deadline)
         bpb, s = self.measure(model)
         extra = {"finetune": stats, "eval_seconds": s}
-        if block:
+        if pruned:
             extra.update(kept_density=kept_density(model), pattern=pattern_check(model, before),
                          gemms=gemm_report(model, self.rows, self.dtype, ("forward", "grad_input", "grad_weight")))
         study.doc["records"].append(record(prob, bpb, self.dense_bpb, "ok" if stats["completed"] else "cut_short", **extra))
@@ -391,8 +427,8 @@ class Phases:
         study.say(f"fine-tuned {what}: {bpb:.4f} bits/byte after {millions(stats['tokens'])} tokens in "
                   f"{stats['seconds']:.1f} s (first step {stats['first_step_seconds']:.1f} s)"
                   + (f", GEMMs ours/torch {g['ours']}/{g['torch']}" if g else ""))
-        if block and not extra["pattern"]["ok"]:
-            raise AssertionError(f"{what}: a pruned block is no longer zero or the pattern changed in fine-tuning: "
+        if pruned and not extra["pattern"]["ok"]:
+            raise AssertionError(f"{what}: a pruned weight is no longer zero or the pattern changed in fine-tuning: "
                                  f"{extra['pattern']} (recorded in {study.path})")
         if not stats["completed"]:
             return estimate
@@ -405,15 +441,15 @@ def run(study: Study) -> dict:
     args, doc = study.args, study.doc
     phases = Phases(study)
     model = phases.dense()
-    configs = [(b, d) for b in args.blocks for d in args.densities]
-    pruned = {c: phases.one_shot(model, *c) for c in configs}  # first: each has it even if fine-tunes run out of time
+    todo = configs(args)
+    pruned = {c: phases.one_shot(model, *c) for c in todo}  # first: each has it even if fine-tunes run out of time
     estimate = None
-    for block, density in configs:
-        m, before = pruned.pop((block, density))
-        estimate = phases.fine_tune(m, block, density, before, estimate)
+    for c in todo:
+        m, before = pruned.pop(c)
+        estimate = phases.fine_tune(m, *c, before, estimate)
         del m, before
     if args.dense_control:
-        phases.fine_tune(copy.deepcopy(model), None, 1.0, {}, estimate)
+        phases.fine_tune(copy.deepcopy(model), "none", None, 1.0, {}, estimate)
     doc["complete"] = all(r["ours"]["status"] == "ok" for r in doc["records"])
     doc["seconds"] = time.monotonic() - study.t0
     study.write()

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # On a lent H100/H200, in one call (at most about 8 minutes): benchmarks.sparse_quality at its default sizes
-# (6 layers, width 512, 40M tokens of pretraining, 6 fine-tunes of 6M tokens plus the dense control), the
-# pruned layers on the families' built-in seeds. It prints its token rates and time estimates as it goes;
-# --max-seconds (BUDGET) skips a fine-tune that would not fit, and the run is stopped (SIGINT: the JSON
-# keeps what finished) at LIMIT. If the run fails otherwise (our kernels crashing the CUDA context, say),
+# (6 layers, width 512, 40M tokens of pretraining, 6 block-sparse fine-tunes and one 2:4 of 6M tokens plus
+# the dense control), the pruned layers on the families' built-in seeds; `--patterns 2:4` (or `block`)
+# runs only those pruned copies, with the dense model pretrained in the same run. It prints its token
+# rates and time estimates as it goes; --max-seconds (BUDGET) skips a fine-tune that would not fit, and
+# the run is stopped (SIGINT: the JSON keeps what finished) at LIMIT. If the run fails otherwise (our kernels crashing the CUDA context, say),
 # it runs again with every GEMM on torch (--kernels none), reusing the pretrained model, in the time left.
 # The JSON (sparse-quality-<device>-<date>.json) and the log come back in $OUT; the dense checkpoint stays in /tmp.
 # usage (device tool, carry .whl): [GEMMSCAPE_COMMIT=<hash>] [LIMIT=460] [BUDGET=420] \
 #   bash benchmarks/device/sparse_quality.sh [more benchmarks.sparse_quality options, e.g. --pretrain-tokens 30M]
+# e.g. only the 2:4 rows and the dense control, in about 2 minutes on an H100:
+#   LIMIT=150 BUDGET=130 bash benchmarks/device/sparse_quality.sh --pretrain-tokens 30M --finetune-tokens 4M --patterns 2:4
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 LIMIT=${LIMIT:-460}   # wall seconds for the benchmark, all attempts together
