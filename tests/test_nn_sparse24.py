@@ -213,6 +213,16 @@ def test_the_built_in_seeds_of_a_2_4_problem_are_sparse24_kernels():
     assert [a["name"] for a in found.manifest["kernels"][0]["args"]] == ["Y", "X", "WC", "B", "WS", "WE", "M", "N", "K"]
 
 
+def test_the_seeds_of_a_large_2_4_layer_are_hopper_sp24_on_sm_90_and_a_skinny_long_k_layer_splits_k():
+    big = Problem(2048, 4096, 4096, DType.bf16, sparsity="2:4")
+    assert SeedKernels(arch="sm_90").spec_for(big).family == "hopper_sp24"
+    assert SeedKernels(arch="sm_80").spec_for(big).family == "sparse24"
+    # 4096x14336 at M = 16: the unsplit 16-row seed launches 64 blocks, fewer than the card's SMs
+    down, up = (Problem(16, n, k, DType.bf16, sparsity="2:4") for n, k in ((4096, 14336), (14336, 4096)))
+    assert SeedKernels().spec_for(down).split_k > 1
+    assert SeedKernels().spec_for(up).split_k == 1  # 224 blocks unsplit: no second pass
+
+
 def test_replace_linear_moves_a_2_4_layer_onto_the_kernels():
     model = nn.Sequential(Sparse24Linear.from_linear(dense()), nn.ReLU(), dense(out=5, fin=21))
     kernels = Kernels(SeedKernels())

@@ -292,8 +292,16 @@ class SeedKernels:
     #: 8 as the layout reads them); where they are not, the next family's seed is taken.
     HOPPER_MIN_M = 256
     #: The families a structured-sparse W's problems take seeds from (``families`` may name others
-    #: under the sparsity, e.g. {"2:4": ("sparse24",)}).
+    #: under the sparsity, e.g. {"2:4": ("sparse24",)}); on sm_90 a 2:4 W of at least HOPPER_MIN_M rows
+    #: takes the Hopper 2:4 family's first (its default seed took 0.21 ms at 4096^3 bf16 on an H100
+    #: where sparse24's best took 0.30: benchmarks/NOTES.md, "2:4 on wgmma.sp").
     STRUCTURED = {"2:4": ("sparse24",)}
+    HOPPER_STRUCTURED = {"2:4": "hopper_sp24"}
+    #: Thread blocks (split-K's included) below which a seed leaves most of an H100's or H200's 132
+    #: multiprocessors idle: among the seeds whose row tile is equally near M, those that launch at least
+    #: this many go first (a skinny layer with a long K, e.g. 4096x14336 at M = 16, then takes the seed that
+    #: splits K, 512 blocks, where the unsplit seed's 64 ran at 0.90x dense cuBLAS's speed on an H200).
+    FILL_BLOCKS = 128
 
     def __init__(self, families: dict[str, tuple[str, ...]] | None = None, arch: str = "sm_90") -> None:
         self.families = {**self.DEFAULT, **(families or {})}
@@ -313,6 +321,8 @@ class SeedKernels:
         order = self.families.get(problem.dtype.value, ())
         if problem.structured:  # a 2:4 W: only the families that compute its sparsity
             order = self.families.get(problem.sparsity, self.STRUCTURED.get(problem.sparsity, ()))
+            if self.hopper_first and problem.m >= self.HOPPER_MIN_M and problem.sparsity in self.HOPPER_STRUCTURED:
+                order = (self.HOPPER_STRUCTURED[problem.sparsity], *order)
         elif self.hopper_first and problem.dtype.value in ("bf16", "fp16") and problem.m >= self.HOPPER_MIN_M:
             order = ("hopper", *order)
         for family in order:
@@ -332,9 +342,12 @@ class SeedKernels:
                 if reasons:
                     why.append(f"{family} seed {i}: {reasons[0]}")
                     continue
-                valid.append((abs(math.log2(getattr(spec, "bm", 128)) - math.log2(min(max(problem.m, 16), 128))), i, spec))
+                bm, bn = getattr(spec, "bm", 128), getattr(spec, "bn", 128)
+                blocks = -(-problem.m // bm) * -(-problem.n // bn) * getattr(spec, "split_k", 1)
+                valid.append((abs(math.log2(bm) - math.log2(min(max(problem.m, 16), 128))),
+                              blocks < self.FILL_BLOCKS, i, spec))
             if valid:
-                return min(valid, key=lambda v: v[:2])[2]
+                return min(valid, key=lambda v: v[:3])[3]
         return f"no built-in seed is valid for {problem.key}" + (f" ({why[0]}; ...)" if why else "")
 
     def find(self, problem: Problem, device: str) -> KernelFile | str:
