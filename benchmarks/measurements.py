@@ -26,7 +26,9 @@ Every row names its JSON file, the device, the date of the run and the timing me
   called eagerly between CUDA events, warm, the dense model and ours in alternating rounds;
   ``benchmarks.sparse_model``'s too (a pruned model against its dense twin), and ``graph (whole
   model)`` its decode steps replayed as one captured CUDA graph each, ``eager (one layer)`` its one
-  pruned layer's train step; its engine-timed sparse GEMMs are ``engine``.
+  pruned layer's train step; its engine-timed sparse GEMMs are ``engine``. Its records whose problem
+  has ``scope`` "decoder layers ..." timed the decoder layers alone (no embedding, no LM head):
+  ``graph (decoder layers)``, ``eager (decoder layers)``.
 - ``quality (held-out bits/byte)``: ``benchmarks.sparse_quality``'s records, no timing at all: the
   held-out bits per byte of a model, dense, pruned and fine-tuned.
 
@@ -79,7 +81,10 @@ def timing_of(doc: dict, record: dict) -> str:
     if doc.get("suite") == "sparse-quality":
         return "quality (held-out bits/byte)"
     if doc.get("suite") == "model" or (doc.get("suite") == "sparse_model" and own != "engine"):
-        return f"{own} ({'one layer' if record.get('problem', {}).get('layer') else 'whole model'})"
+        prob = record.get("problem", {})
+        scope = ("one layer" if prob.get("layer") else
+                 "decoder layers" if str(prob.get("scope", "")).startswith("decoder layers") else "whole model")
+        return f"{own} ({scope})"
     if own in ("cold_single", "engine"):
         return own
     if own == "eager":

@@ -12,16 +12,29 @@ CPU (so its weights, and the patterns pruned from them, are those ``codegen prun
 benchmarks/model.py:llama3_8b_dims --layers mlp`` gets). For each density its ``nn.Linear`` layers
 that ``--prune`` matches (default the MLP's gate, up and down projections) are pruned by block
 magnitude to ``codegen.nn.sparse.BlockSparseLinear`` (codegen.nn.pruned.prune_model); its dense twin
-holds the same W masked to the kept blocks, so both compute the same function and the logits are
+holds the same W masked to the kept blocks, so both compute the same function and their outputs are
 compared before anything is timed. The other layers stay ``nn.Linear`` (cuBLAS) in both.
+
+Decode and prefill time the decoder layers only (``problem["scope"]``: "decoder layers (no embedding,
+no lm_head)"): the base model (``model.model``, LlamaModel) called on token embeddings looked up once
+outside the timed step (``inputs_embeds``), which runs the rotary embedding, the causal mask, the
+decoder layers and the final RMSNorm and returns ``last_hidden_state``; the embedding and the LM head
+(a vocab x 4096 GEMM, the same on both sides) are not timed, and the final hidden states are compared
+(bf16 rounding, sparse_phases.check). Beside the two models, in the same alternating rounds, the same
+step runs on a third copy whose decoder layers' linear layers (q, k, v, o, gate, up, down) are stand-ins
+without GEMM (sparse_phases.no_gemm_stub: zeros of the output's shape and dtype): the non-GEMM work
+(norms, rope, attention over the cache, activations, residuals), recorded as ``non_gemm`` (median,
+p20/p80, range) with ``gemm_share_dense`` = 1 - non_gemm ÷ dense (and ``gemm_share_ours``); it is no
+baseline and no ratio is taken to it.
 
 Phases (each a record of DESIGN.md's format; model records ``ratio.dense`` = dense ÷ ours):
 
 - ``decode``: one new token per sequence at each ``--decode-batches`` batch, on transformers' static
   KV cache of ``--context`` positions already filled (HF ``StaticCache``), captured in a CUDA graph
-  after warm-up and timed as replays; where the installed transformers cannot run it, one line says
-  why (a failed capture is timed eagerly and says so).
-- ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls.
+  after warm-up and timed as replays (the cache rewound in the step, so each replay writes the same
+  slot); where the installed transformers cannot run it, one line says why (a failed capture is timed
+  eagerly and says so). ``non_gemm`` likewise.
+- ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls; ``non_gemm`` likewise.
 - ``train``: one pruned layer (``--train-layer``, default layer 0's MLP down projection) against
   ``nn.Linear`` of the same masked W: forward and ``autograd.grad`` for X and W at ``--tokens`` rows,
   eager calls; Y, dX and dW (at the kept blocks) checked against the dense layer's.
@@ -50,6 +63,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.model import RESULTS, config_dict
+from benchmarks.sparse_phases import SCOPE, SCOPE_NOTE
 from codegen.nn.timing import stats
 
 MODEL = "llama3-8b-dims"
@@ -59,6 +73,10 @@ DEFAULTS = {"densities": [0.25, 0.1], "block": 64, "layers": 2, "vocab": 32000, 
 TINY_DEFAULTS = {"block": 16, "vocab": 128, "context": 16, "tokens": 32, "engine_batches": [1, 16]}
 #: The pruned layers whose GEMMs the engine phase times: layer 0's MLP up (14336x4096) and down (4096x14336).
 ENGINE_LAYERS = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj")
+#: What a record's ``non_gemm`` timed.
+NON_GEMM = ("the same step (same scope, same timing) on the dense model with every linear layer of its decoder "
+            "layers (q, k, v, o, gate, up, down) replaced by a stand-in returning zeros of the output's shape "
+            "without a GEMM: norms, rope, attention over the cache, activations, residuals")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -120,23 +138,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- records -----------------------------------------------------------------------------------------------
 def problem(args: argparse.Namespace, phase: str, density: float, batch: int, tokens: int, **extra) -> dict:
-    """DESIGN.md's problem of a model record."""
+    """DESIGN.md's problem of a model record (decode and prefill: with their ``scope``, the decoder layers)."""
+    scope = {"scope": SCOPE} if phase in ("decode", "prefill") else {}
     return {"model": MODEL + ("-tiny" if args.tiny else ""), "layers": args.layers, "phase": phase, "batch": batch,
-            "tokens": tokens, "dtype": args.dtype, "density": density, "block": args.block, **extra}
+            "tokens": tokens, "dtype": args.dtype, "density": density, "block": args.block, **scope, **extra}
 
 
 def record(prob: dict, ours: list[float], dense: list[float], timing: str, gemms: dict, checks: dict,
-           note: str | None = None) -> dict:
+           note: str | None = None, non_gemm: list[float] | None = None) -> dict:
     """A model record: ours and the dense twin (median, p20/p80, range), ratio dense ÷ ours (None where a
-    check failed: speed bought with wrong results is not reported), what ran and the checks."""
+    check failed: speed bought with wrong results is not reported), what ran and the checks; with
+    ``non_gemm`` (the times of the step without GEMMs), its stats and the GEMM share of each side's step
+    (1 - non_gemm ÷ side, medians; ours' None where a check failed), under ``non_gemm``: not a baseline."""
     mine, theirs = stats(ours), stats(dense)
     ok = all(c.get("ok", False) for c in checks.values())
     named = sorted(set(gemms.get("ours", {}).values()))
-    return {"problem": prob, "timing": timing,
-            "ours": {"kernel": " + ".join(named) if named else None, **mine, "gemms": gemms, "check": checks,
-                     "status": "ok" if ok else "wrong_result", **({"note": note} if note else {})},
-            "baselines": {"dense": theirs},
-            "ratio": {"dense": theirs["median_ms"] / mine["median_ms"] if ok else None}}
+    out = {"problem": prob, "timing": timing,
+           "ours": {"kernel": " + ".join(named) if named else None, **mine, "gemms": gemms, "check": checks,
+                    "status": "ok" if ok else "wrong_result", **({"note": note} if note else {})},
+           "baselines": {"dense": theirs},
+           "ratio": {"dense": theirs["median_ms"] / mine["median_ms"] if ok else None}}
+    if non_gemm is not None:
+        rest = stats(non_gemm)
+        out["non_gemm"] = {**rest, "gemm_share_dense": 1.0 - rest["median_ms"] / theirs["median_ms"],
+                           "gemm_share_ours": 1.0 - rest["median_ms"] / mine["median_ms"] if ok else None,
+                           "what": NON_GEMM}
+    return out
 
 
 def gemm_report(kernels, layers: dict, phase: str, batch: int, device, dtype: str = "bf16") -> dict:
@@ -185,8 +212,12 @@ def line(r: dict) -> str:
     what = (f"{p['m']}x{p['n']}x{p['k']} engine" if "m" in p else
             f"{p['phase']} {p['batch']}x{p['tokens']}" + (f" {p['layer']}" if p.get("layer") else ""))
     ran = (f"ours {len(o['gemms']['ours'])} torch {len(o['gemms']['torch'])}" if "gemms" in o else o.get("ran", ""))
+    rest = r.get("non_gemm")
+    tail = (f"  non-GEMM {rest['median_ms'] * 1e3:.1f} us (GEMM share: dense {rest['gemm_share_dense']:.0%}"
+            + (f", ours {rest['gemm_share_ours']:.0%})" if rest["gemm_share_ours"] is not None else ")")
+            if rest else "")
     return (f"d{p['density']:<5g} {what:42s} ours {o['median_ms'] * 1e3:9.1f} us  dense {base['median_ms'] * 1e3:9.1f}"
-            f" us  {'WRONG' if ratio is None else f'{ratio:.2f}x':>6s}  {r['timing']:6s} {ran[:60]}")
+            f" us  {'WRONG' if ratio is None else f'{ratio:.2f}x':>6s}  {r['timing']:6s} {ran[:60]}{tail}")
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -200,8 +231,10 @@ def kernels_of(args: argparse.Namespace):
     return kernels_from(seeds, ours_everywhere=args.ours_everywhere)
 
 
-def run_density(args, density: float, dense_cpu, kernels, device, say, save=None) -> list[dict]:
-    """Every phase asked for at one density: the records (``save`` is given them after each phase)."""
+def run_density(args, density: float, dense_cpu, kernels, device, say, save=None, no_gemm=None) -> list[dict]:
+    """Every phase asked for at one density: the records (``save`` is given them after each phase).
+    ``no_gemm``: the model without GEMMs in its decoder layers (sparse_phases.no_gemm_model; built from
+    ``dense_cpu`` where not given, if decode or prefill is asked for)."""
     import torch
 
     from benchmarks import sparse_phases as ph
@@ -216,6 +249,8 @@ def run_density(args, density: float, dense_cpu, kernels, device, say, save=None
         save_pruned(ours, args.write_pruned / f"pruned-d{density:g}.safetensors", {"density": repr(density),
                                                                                     "block": str(args.block)})
     cuda = device.type == "cuda"
+    if no_gemm is None and {"decode", "prefill"} & set(args.phases):
+        no_gemm = ph.no_gemm_model(dense_cpu, device)[0]
     records = []
     for phase in args.phases:
         if phase == "engine":
@@ -227,23 +262,15 @@ def run_density(args, density: float, dense_cpu, kernels, device, say, save=None
         if phase == "decode":
             for batch in args.decode_batches:
                 try:
-                    calls = {"dense": ph.decode_call(twin, batch, args.context, args.vocab, device, args.seed),
-                             "ours": ph.decode_call(ours, batch, args.context, args.vocab, device, args.seed)}
+                    calls = {side: ph.decode_call(model, batch, args.context, args.vocab, device, args.seed)
+                             for side, model in (("dense", twin), ("ours", ours), ("no_gemm", no_gemm))}
                 except ph.DecodeError as e:
                     say(f"decode at batch {batch}: {e}")
                     break
                 records.append(model_record(args, density, "decode", batch, 1, calls, layers, kernels, device, say))
         elif phase == "prefill":
-            ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed))
-            ids = ids.to(device)
-
-            def forward(model, ids=ids):
-                def call():
-                    with torch.no_grad():
-                        return model(input_ids=ids, use_cache=False).logits
-                return call
-
-            calls = {"dense": forward(twin), "ours": forward(ours)}
+            calls = {side: ph.prefill_call(model, args.tokens, args.vocab, device, args.seed)
+                     for side, model in (("dense", twin), ("ours", ours), ("no_gemm", no_gemm))}
             records.append(model_record(args, density, "prefill", 1, args.tokens, calls, layers, kernels, device, say,
                                         graph=False))
         elif phase == "train":
@@ -257,24 +284,29 @@ def run_density(args, density: float, dense_cpu, kernels, device, say, save=None
 
 
 def model_record(args, density, phase, batch, tokens, calls, layers, kernels, device, say, graph=True) -> dict:
-    """Check ours' logits against the dense twin's, then time both (graph replays where ``graph``)."""
+    """Check ours' final hidden states against the dense twin's, then time both, and ``calls["no_gemm"]``
+    (the step without GEMMs) where given, in the same rounds (graph replays where ``graph``)."""
     from benchmarks import sparse_phases as ph
 
     cuda = device.type == "cuda"
     note = None
-    if graph:  # both captured, or (where either capture fails, or on the CPU) both called eagerly
+    if graph:  # all captured, or (where any capture fails, or on the CPU) all called eagerly
         graphs = {side: ph.graphed(fn, cuda) for side, fn in calls.items()}
         note = next((g[2] for g in graphs.values() if g[2]), None)
-        logits = {side: g[1] for side, g in graphs.items()}
+        outputs = {side: g[1] for side, g in graphs.items()}
         timed = {side: g[0] for side, g in graphs.items()} if note is None else calls
         timing = "graph" if note is None else "eager"
     else:
-        logits = {side: fn() for side, fn in calls.items()}
+        outputs = {side: fn() for side, fn in calls.items()}
         timed, timing = calls, "eager"
-    checks = {"logits": ph.check(logits["dense"], logits["ours"])}
+    checks = {"hidden": ph.check(outputs["dense"], outputs["ours"])}
+    if "no_gemm" in outputs and tuple(outputs["no_gemm"].shape) != tuple(outputs["dense"].shape):
+        raise RuntimeError(f"benchmarks.sparse_model: the step without GEMMs gave {tuple(outputs['no_gemm'].shape)}, "
+                           f"the dense step {tuple(outputs['dense'].shape)}")
     times = ph.alternate(timed, args.reps, args.rounds, cuda)
     r = record(problem(args, phase, density, batch, tokens), times["ours"], times["dense"], timing,
-               gemm_report(kernels, layers, phase, batch * tokens, device, args.dtype), checks, note)
+               gemm_report(kernels, layers, phase, batch * tokens, device, args.dtype), checks, note,
+               times.get("no_gemm"))
     say(line(r) + (f"  ({note})" if note else ""))
     return r
 
@@ -361,8 +393,11 @@ def main(argv: list[str] | None = None) -> int:
            "command": "python3 -m benchmarks.sparse_model " + " ".join(argv if argv is not None else sys.argv[1:]),
            "timing": {"rounds": args.rounds, "reps": args.reps,
                       "note": "the dense twin (same masked W on cuBLAS) and ours in alternating rounds, each first "
-                              "in half of them; decode: CUDA graph replays of one step (eager where the record says "
-                              "so); prefill, train: eager calls between CUDA events; engine: codegen.nn.timing"},
+                              "in half of them (decode, prefill: the step without GEMMs third, before them in "
+                              "half of the rounds: the records' non_gemm); decode: CUDA graph replays of one step "
+                              "(eager where the record says so); prefill, train: eager calls between CUDA events; "
+                              "engine: codegen.nn.timing"},
+           "scope": {"decode": SCOPE, "prefill": SCOPE, "how": SCOPE_NOTE, "non_gemm": NON_GEMM},
            "config": config, "pruned": {"layers": args.prune, "block": args.block, "densities": args.densities},
            "kernels": kernels_source(args, kernels), "dense_layers": "nn.Linear (cuBLAS) in both models",
            "records": []}
@@ -376,8 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         part.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         part.replace(path)
 
+    no_gemm = None
+    if {"decode", "prefill"} & set(args.phases):
+        from benchmarks.sparse_phases import no_gemm_model
+
+        no_gemm = no_gemm_model(dense, device)[0]  # built once: it holds no pruned W
     for density in args.densities:
-        done += run_density(args, density, dense, kernels, device, lambda text: print(text, flush=True), save)
+        done += run_density(args, density, dense, kernels, device, lambda text: print(text, flush=True), save,
+                            no_gemm)
     save([])
     print(f"wrote {path}")
     return 0 if all(next(iter(r["ratio"].values())) is not None for r in done) else 1

@@ -1,22 +1,32 @@
 """The phases benchmarks.sparse_model times, and what they share: building the pruned model and its
-dense twin, a decode step on transformers' static KV cache (captured in a CUDA graph where it can be),
-a prefill, one pruned layer's train step, the timing of two sides in alternating rounds, and the
-checks of ours against the dense twin. Needs torch (and transformers for the model); the GPU where
+dense twin (and the stand-in without GEMMs), a decode step of the decoder layers on transformers' static
+KV cache (captured in a CUDA graph where it can be), a prefill of the decoder layers, one pruned layer's
+train step, the timing of the sides in alternating rounds, and the checks of ours against the dense twin. Needs torch (and transformers for the model); the GPU where
 ``device`` is one, else everything runs eagerly on the CPU (every GEMM on torch there).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
 
-__all__ = ["DecodeError", "alternate", "cache_argument", "check", "decode_call", "graphed", "layer_train_call",
-           "pruned_pair", "rewind", "static_cache"]
+__all__ = ["SCOPE", "DecodeError", "alternate", "cache_argument", "check", "decode_call", "decoder", "graphed",
+           "layer_train_call", "no_gemm_model", "no_gemm_stub", "prefill_call", "pruned_pair", "rewind",
+           "static_cache", "stub_linears"]
 
-#: The logits of ours against the dense twin's (the same masked W): close elementwise at bf16's rounding
-#: (2^-6 relative, and as much of the largest logit absolute), or the ratio is not recorded.
+#: The final hidden states of ours against the dense twin's (the same masked W): close elementwise at
+#: bf16's rounding (2^-6 relative, and as much of the largest value absolute), or the ratio is not recorded.
 RTOL = 2.0 ** -6
+#: What the decode and prefill phases time (``problem["scope"]`` of their records).
+SCOPE = "decoder layers (no embedding, no lm_head)"
+#: How, in words (the result file's ``scope``).
+SCOPE_NOTE = ("decode, prefill: the base model (LlamaModel, model.model) called on token embeddings computed once "
+              "outside the timed step (inputs_embeds): rotary embedding, causal mask, the decoder layers "
+              "(model.layers) and the final RMSNorm, returning last_hidden_state; the embedding lookup and the "
+              "lm_head (vocab x hidden GEMM, the same on both sides) are not timed, and the final hidden states "
+              "are what is compared")
 
 
 class DecodeError(RuntimeError):
@@ -41,11 +51,70 @@ def pruned_pair(dense, density: float, block: int, layers: str, kernels, device)
     return twin.to(device).eval(), ours.to(device).eval(), pruned_layers(ours)
 
 
+def decoder(model):
+    """The base model (LlamaModel: the decoder layers and the final norm) of a causal LM (``model.model``)."""
+    return getattr(model, "base_model", model)
+
+
+# ---- the non-GEMM part ------------------------------------------------------------------------------------
+@functools.cache
+def no_gemm_stub():
+    """The class of the stand-in for a linear layer that does no GEMM (``NoGemmLinear(in, out)``): its
+    forward returns zeros of the output's shape and of the input's dtype (one memset), and counts its calls."""
+    import torch
+
+    class NoGemmLinear(torch.nn.Module):
+        """Zeros of ``[..., out_features]`` for an input of ``[..., in_features]``: a linear layer's place
+        without its GEMM (``calls``: forwards run, a capture's included)."""
+
+        def __init__(self, in_features: int, out_features: int):
+            super().__init__()
+            self.in_features, self.out_features, self.calls = in_features, out_features, 0
+
+        def forward(self, x):
+            self.calls += 1
+            return x.new_zeros(*x.shape[:-1], self.out_features)
+
+        def extra_repr(self) -> str:
+            return f"in_features={self.in_features}, out_features={self.out_features}, no GEMM"
+
+    return NoGemmLinear
+
+
+def stub_linears(root) -> dict[str, object]:
+    """Each linear layer under ``root`` (``nn.Linear``, and gemmscape's layers: any leaf module with
+    ``in_features`` and ``out_features``) replaced in place by ``no_gemm_stub()``: the stubs by name."""
+    import torch
+
+    stub = no_gemm_stub()
+    found = [(name, m) for name, m in root.named_modules() if name and not isinstance(m, stub) and (
+        isinstance(m, torch.nn.Linear) or (hasattr(m, "in_features") and hasattr(m, "out_features")
+                                           and not any(True for _ in m.children())))]
+    out = {}
+    for name, m in found:
+        parent, _, leaf = name.rpartition(".")
+        out[name] = stub(m.in_features, m.out_features)
+        setattr(root.get_submodule(parent) if parent else root, leaf, out[name])
+    return out
+
+
+def no_gemm_model(dense, device):
+    """(the model, its stubs by name): ``dense`` (on the CPU) copied, every linear layer of its decoder
+    layers (``model.layers``: q, k, v, o, gate, up, down) replaced by a stand-in without GEMM
+    (``stub_linears``), moved to ``device`` in eval mode. The embedding, norms, rotary embedding,
+    attention over the cache and activations stay: its decode or prefill step times the non-GEMM work."""
+    model = copy.deepcopy(dense)
+    layers = decoder(model).layers
+    stubs = {f"model.layers.{name}": s for name, s in stub_linears(layers).items()}
+    return model.to(device).eval(), stubs
+
+
 # ---- timing ----------------------------------------------------------------------------------------------
 def alternate(calls: dict[str, Callable[[], object]], reps: int, rounds: int, cuda: bool) -> dict[str, list[float]]:
-    """ms per call of each of ``calls`` (two sides), in ``rounds`` rounds of ``reps // rounds`` calls
-    per side, the sides' order reversed every other round (each goes first in half of them, since
-    clocks fall under sustained load), each side called once untimed at the start of its turn.
+    """ms per call of each of ``calls`` (two sides, or more), in ``rounds`` rounds of ``reps // rounds``
+    calls per side, the sides' order reversed every other round (with two, each goes first in half of
+    them, since clocks fall under sustained load; with more, each pair swaps its order every other
+    round), each side called once untimed at the start of its turn.
     CUDA events around each call on the GPU, the wall clock on the CPU."""
     import torch
 
@@ -117,24 +186,28 @@ def static_cache(model, batch: int, length: int, device, dtype):
 
 
 def decode_call(model, batch: int, context: int, vocab: int, device, seed: int) -> Callable[[], object]:
-    """A decode step of ``model``: the forward of one new token per sequence (``batch`` of them) at
-    position ``context``, on a static KV cache of ``context + 1`` positions whose first ``context``
-    hold a prefill of random tokens (seeded: the same prompt for every model), under no_grad; it
-    returns the logits [batch, 1, vocab]. Every call writes the same cache slot, so it can be replayed.
-    DecodeError (one line) where the installed transformers does not run it."""
+    """A decode step of ``model``'s decoder layers: the base model (``decoder``: the decoder layers and the
+    final norm; no embedding, no lm_head) on one new token per sequence (``batch`` of them) at position
+    ``context``, given as its embedding (looked up once, outside the step), on a static KV cache of
+    ``context + 1`` positions whose first ``context`` hold a prefill of random tokens (seeded: the same
+    prompt for every model), under no_grad; it returns the final hidden states [batch, 1, hidden]. Every
+    call writes the same cache slot, so it can be replayed. DecodeError (one line) where the installed
+    transformers does not run it."""
     import torch
 
+    base = decoder(model)
     dtype = next(model.parameters()).dtype
-    cache = static_cache(model, batch, context + 1, device, dtype)
+    cache = static_cache(base, batch, context + 1, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
     token = torch.randint(0, vocab, (batch, 1), generator=gen).to(device)
     position = torch.full((batch, 1), context, dtype=torch.long, device=device)
     at = torch.tensor([context], dtype=torch.long, device=device)
-    named = {cache_argument(model): cache}
+    named = {cache_argument(base): cache}
     try:
         with torch.no_grad():
-            model(input_ids=prompt, cache_position=torch.arange(context, device=device), use_cache=True, **named)
+            embeds = base.get_input_embeddings()(token)
+            base(input_ids=prompt, cache_position=torch.arange(context, device=device), use_cache=True, **named)
     except Exception as e:  # noqa: BLE001
         raise DecodeError(f"the prefill of the static cache failed: {type(e).__name__}: "
                           f"{(str(e).strip().splitlines() or [''])[0][:200]}") from None
@@ -142,7 +215,26 @@ def decode_call(model, batch: int, context: int, vocab: int, device, seed: int) 
     def step():
         rewind(cache, context)
         with torch.no_grad():
-            return model(input_ids=token, cache_position=at, position_ids=position, use_cache=True, **named).logits
+            return base(inputs_embeds=embeds, cache_position=at, position_ids=position, use_cache=True,
+                        **named).last_hidden_state
+
+    return step
+
+
+def prefill_call(model, tokens: int, vocab: int, device, seed: int) -> Callable[[], object]:
+    """A prefill of ``model``'s decoder layers: the base model (``decoder``) on the embeddings (looked up
+    once, outside the step) of ``tokens`` random tokens (batch 1, seeded), no cache, under no_grad; it
+    returns the final hidden states [1, tokens, hidden]."""
+    import torch
+
+    base = decoder(model)
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
+    with torch.no_grad():
+        embeds = base.get_input_embeddings()(ids)
+
+    def step():
+        with torch.no_grad():
+            return base(inputs_embeds=embeds, use_cache=False).last_hidden_state
 
     return step
 

@@ -1,7 +1,8 @@
 """benchmarks.sparse_model on the CPU: its arguments, records, checks, the alternating rounds, the static
-cache's handling across transformers releases, how docs/measurements.md renders its records, and with
-transformers installed a whole --tiny run on the CPU (every GEMM on torch there: the logits and
-gradients of the pruned model equal its dense twin's)."""
+cache's handling across transformers releases, the decoder-layers step and its stand-in without GEMMs,
+how docs/measurements.md renders its records, and with transformers installed a whole --tiny run on the
+CPU (every GEMM on torch there: the final hidden states and gradients of the pruned model equal its
+dense twin's)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,32 @@ def test_a_model_record_has_the_ratio_to_the_dense_twin_only_where_every_check_p
     args = bench.parse([])
     prob = bench.problem(args, "decode", 0.25, 16, 1)
     assert prob == {"model": "llama3-8b-dims", "layers": 2, "phase": "decode", "batch": 16, "tokens": 1,
-                    "dtype": "bf16", "density": 0.25, "block": 64}
+                    "dtype": "bf16", "density": 0.25, "block": 64, "scope": "decoder layers (no embedding, no lm_head)"}
+    assert bench.problem(args, "prefill", 0.1, 1, 2048)["scope"] == prob["scope"]
+    assert "scope" not in bench.problem(args, "train", 0.1, 1, 2048, layer="model.layers.0.mlp.down_proj")
     gemms = {"ours": {"16x14336x4096_bf16_forward_bsr64_d0.25_abcd1234": "dr_a"}, "torch": {}, "verdicts": {}}
-    r = bench.record(prob, [1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "graph", gemms, {"logits": {"ok": True}})
-    assert r["ratio"]["dense"] == pytest.approx(2.5) and r["timing"] == "graph"
+    r = bench.record(prob, [1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "graph", gemms, {"hidden": {"ok": True}})
+    assert r["ratio"]["dense"] == pytest.approx(2.5) and r["timing"] == "graph" and "non_gemm" not in r
     assert r["ours"]["kernel"] == "dr_a" and r["ours"]["status"] == "ok" and r["baselines"]["dense"]["median_ms"] == 5.0
     bad = bench.record(prob, [1.0], [4.0], "graph", gemms, {"y": {"ok": True}, "dx": {"ok": False}})
     assert bad["ratio"]["dense"] is None and bad["ours"]["status"] == "wrong_result"
     assert "WRONG" in bench.line(bad) and "2.50x" in bench.line(r)
+
+
+def test_the_non_gemm_part_is_recorded_beside_the_baseline_not_as_one():
+    args = bench.parse([])
+    gemms = {"ours": {}, "torch": {}, "verdicts": {}}
+    r = bench.record(bench.problem(args, "decode", 0.25, 1, 1), [2.0], [4.0], "graph", gemms, {"hidden": {"ok": True}},
+                     non_gemm=[1.0, 1.0, 1.0])
+    assert list(r["baselines"]) == ["dense"] and list(r["ratio"]) == ["dense"] and r["ratio"]["dense"] == 2.0
+    rest = r["non_gemm"]
+    assert rest["median_ms"] == 1.0 and {"p20_ms", "p80_ms"} <= set(rest) and "without a GEMM" in rest["what"]
+    assert rest["gemm_share_dense"] == pytest.approx(0.75) and rest["gemm_share_ours"] == pytest.approx(0.5)
+    assert "non-GEMM 1000.0 us (GEMM share: dense 75%, ours 50%)" in bench.line(r)
+    bad = bench.record(bench.problem(args, "decode", 0.25, 1, 1), [2.0], [4.0], "graph", gemms,
+                       {"hidden": {"ok": False}}, non_gemm=[1.0])
+    assert bad["non_gemm"]["gemm_share_ours"] is None and bad["non_gemm"]["gemm_share_dense"] == pytest.approx(0.75)
+    assert "WRONG" in bench.line(bad) and "dense 75%)" in bench.line(bad)
 
 
 def test_checks_pass_within_bf16_rounding_and_fail_past_it_or_on_nan():
@@ -170,6 +189,63 @@ def test_the_model_is_built_on_the_cpu_as_codegen_prune_builds_it():
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _ops(step):
+    """The aten ops ``step()`` runs (by name), and its output."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        out = step()
+    return ops.names, out
+
+
+def test_the_decoder_layers_step_and_its_stand_in_without_gemms():
+    """decode_call and prefill_call time the base model on precomputed embeddings (no embedding lookup, no
+    lm_head: hidden states out); the stand-in model runs the same steps with every linear layer of its
+    decoder layers a NoGemmLinear (called, zeros of the right shape) and no matrix product left but attention's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from benchmarks import sparse_phases as ph
+    from benchmarks.model import build, config_dict
+
+    cpu = torch.device("cpu")
+    dense = build(config_dict(2, 128, tiny=True), seed=0, device="cpu")
+    stub, stubs = ph.no_gemm_model(dense, cpu)
+    assert len(stubs) == 14 and all(isinstance(s, ph.no_gemm_stub()) for s in stubs.values())
+    assert {n.rsplit(".", 1)[1] for n in stubs} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"}
+    assert not any(isinstance(m, torch.nn.Linear) for m in stub.model.layers.modules())
+    assert isinstance(stub.lm_head, torch.nn.Linear) and isinstance(dense.model.layers[0].mlp.up_proj, torch.nn.Linear)
+    assert stubs["model.layers.0.mlp.up_proj"].out_features == 224
+    gemm = {"aten.mm", "aten.addmm", "aten.linear", "aten.matmul", "aten.bmm"}
+    for make, shape in ((lambda m: ph.decode_call(m, 2, 8, 128, cpu, 0), (2, 1, 64)),
+                        (lambda m: ph.prefill_call(m, 16, 128, cpu, 0), (1, 16, 64))):
+        head = dense.lm_head.forward
+        dense.lm_head.forward = lambda *a: pytest.fail("the lm_head is not part of the step")
+        try:
+            ops, out = _ops(make(dense))
+        finally:
+            dense.lm_head.forward = head
+        assert tuple(out.shape) == shape and out.dtype == torch.bfloat16 and "aten.mm" in ops
+        before = {n: s.calls for n, s in stubs.items()}
+        ops, got = _ops(make(stub))
+        assert tuple(got.shape) == shape and got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all())
+        assert not ops & gemm, ops & gemm
+        assert all(s.calls > before[n] for n, s in stubs.items())
+    step = ph.decode_call(dense, 2, 8, 128, cpu, 0)
+    assert torch.equal(step(), step())  # the cache rewound: the same slot each call
+    zeros = ph.no_gemm_stub()(8, 5)(torch.ones(3, 2, 8, dtype=torch.float16))
+    assert zeros.shape == (3, 2, 5) and zeros.dtype == torch.float16 and not zeros.any()
+
+
 def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers", reason="benchmarks.sparse_model builds its model with HF transformers")
@@ -185,19 +261,28 @@ def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
     phases = [(r["problem"]["density"], r["problem"]["phase"], r["problem"]["batch"]) for r in doc["records"]]
     assert phases == [(d, p, b) for d in (0.25, 0.1) for p, b in (("decode", 1), ("decode", 16), ("prefill", 1),
                                                                    ("train", 1))]
+    assert doc["scope"]["decode"] == doc["scope"]["prefill"] == "decoder layers (no embedding, no lm_head)"
+    assert "final RMSNorm" in doc["scope"]["how"]
     for r in doc["records"]:
-        assert r["ratio"]["dense"] is not None and r["ours"]["status"] == "ok"
+        assert r["ratio"]["dense"] is not None and r["ours"]["status"] == "ok" and list(r["baselines"]) == ["dense"]
         assert all(c["bit_identical"] for c in r["ours"]["check"].values())  # torch on both sides: the same W
         assert r["ours"]["gemms"]["ours"] == {} and all("CUDA GPUs" in why for why in r["ours"]["gemms"]["torch"].values())
-    decode, train = doc["records"][0], doc["records"][3]
+    decode, prefill, train = doc["records"][0], doc["records"][2], doc["records"][3]
     assert decode["timing"] == "eager" and decode["ours"]["note"] == "no CUDA graphs on the CPU"
+    for r in (decode, prefill):
+        assert r["problem"]["scope"] == "decoder layers (no embedding, no lm_head)" and set(r["ours"]["check"]) == {"hidden"}
+        rest = r["non_gemm"]
+        assert rest["median_ms"] > 0 and rest["gemm_share_dense"] == pytest.approx(
+            1 - rest["median_ms"] / r["baselines"]["dense"]["median_ms"])
+        assert rest["gemm_share_ours"] == pytest.approx(1 - rest["median_ms"] / r["ours"]["median_ms"])
+    assert "non_gemm" not in train and "scope" not in train["problem"]
     assert len(decode["ours"]["gemms"]["torch"]) == 6  # gate, up and down of 2 layers, each its own pattern
     assert train["problem"]["layer"] == "model.layers.0.mlp.down_proj" and train["problem"]["layers"] == 1
     assert set(train["ours"]["check"]) == {"y", "dx", "dw_kept_blocks"} and len(train["ours"]["gemms"]["torch"]) == 3
     written = read_patterns(tmp_path / "pruned" / "pruned-d0.25.safetensors")
     assert {p.hash[:8] for p, _ in written.values()} == {k.rsplit("_", 1)[1] for k in decode["ours"]["gemms"]["torch"]}
     out = capsys.readouterr().out
-    assert "engine: needs a GPU" in out and "wrote" in out
+    assert "engine: needs a GPU" in out and "wrote" in out and "non-GEMM" in out
 
 
 def test_measurements_render_the_records_in_the_model_and_engine_tables(tmp_path):
@@ -220,6 +305,13 @@ def test_measurements_render_the_records_in_the_model_and_engine_tables(tmp_path
     row = next(line for line in table.splitlines() if "decode" in line)
     assert "decode 16×1, blocks of 64 at density 0.1" in row and "max diff 0.004" in row
     assert "3.00×" in row and "graph (whole model)" in row
+    model_rec["problem"]["scope"] = "decoder layers (no embedding, no lm_head)"
+    model_rec["non_gemm"] = {**stats, "gemm_share_dense": 0.6, "gemm_share_ours": 0.1}
+    scoped = tmp_path / "scoped"  # a folder of its own: measurements reads each file once
+    scoped.mkdir()
+    (scoped / "sparse_model-NVIDIA_H200-2026-12-06T000000Z.json").write_text(json.dumps(doc))
+    row = next(line for line in measurements.model(scoped, "base").splitlines() if "decode" in line)
+    assert "graph (decoder layers)" in row and "3.00×" in row
     engine = measurements.engine(tmp_path, "base")
     row = next(line for line in engine.splitlines() if "14336" in line)
     assert "16×14336×4096, blocks of 64 at density 0.1" in row and "5.00×" in row and "`dr_k`" in row

@@ -3,11 +3,15 @@
 # (densities 0.25 and 0.1, blocks of 64) against its dense twin on cuBLAS (benchmarks/sparse_model.py).
 #
 # MODE=seeds (default): no tuning.
-#  1. benchmarks.sparse_model, every phase (decode at batch 1 and 16 on a static KV cache of 1024 positions
-#     in a CUDA graph, prefill of 2048 tokens, one pruned layer's train step, the sparse GEMMs in engine
-#     timing at M = 1, 16, 64) on the families' built-in seeds (BUNDLE=DIR: that bundle's kernels instead).
-#  2. the engine phase again on the direct family's seeds first (--seeds direct tensorcore), the family
-#     made for block-sparse W at small batches, which the default seeds do not take.
+#  1. benchmarks.sparse_model, every phase (PHASES="decode prefill" and so on: those only): decode at batch 1
+#     and 16 on a static KV cache of 1024 positions in a CUDA graph and prefill of 2048 tokens, both of the
+#     decoder layers alone (model.model on precomputed embeddings: no embedding, no LM head; the final hidden
+#     states compared), each with its non-GEMM part timed beside it (the same step with the decoder layers'
+#     linear layers stubbed to zeros: the records' non_gemm, with the dense step's GEMM share); one pruned
+#     layer's train step; the sparse GEMMs in engine timing at M = 1, 16, 64; on the families' built-in seeds
+#     (BUNDLE=DIR: that bundle's kernels instead).
+#  2. where the engine phase ran: the engine phase again on the direct family's seeds first (--seeds direct
+#     tensorcore), the family made for block-sparse W at small batches, which the default seeds do not take.
 # MODE=tune: layer 0's MLP up and down projections tuned on their pruned patterns, then timed.
 #  1. codegen prune benchmarks/model.py:llama3_8b_dims (the benchmark's own weights and patterns) at each density.
 #  2. codegen tune-model --pruned FILE on those two layers' forward GEMMs at M = TUNE_BATCHES (1 16), families
@@ -18,12 +22,14 @@
 # Each step under its own time limit, its log in $OUT/<step>.log and its wall time printed; the JSON records
 # (and in MODE=tune the bundle, tar.gz, and the store, gzipped) come back in $OUT; a short table last.
 # usage (device tool, carry .whl): bash benchmarks/device/sparse_model.sh
-# env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), BUDGET (20), TUNE_BATCHES ("1 16"),
+# env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), PHASES (MODE=seeds: "decode prefill train
+#      engine"; e.g. PHASES="decode prefill", about 2-3 minutes), BUDGET (20), TUNE_BATCHES ("1 16"),
 #      TUNE_FAMILIES ("direct tensorcore"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
 #      GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 MODE=${MODE:-seeds}
+read -r -a phases <<< "${PHASES:-decode prefill train engine}"
 BUDGET=${BUDGET:-20}
 read -r -a tune_batches <<< "${TUNE_BATCHES:-1 16}"
 tune_families=()
@@ -67,8 +73,9 @@ if [ "$MODE" = tune ]; then
   gzip -9f "$OUT/sparse.db"
   [ -d "$OUT/bundle" ] && tar -czf "$OUT/bundle.tar.gz" -C "$OUT" bundle && rm -rf "$OUT/bundle"
 else
-  step sparse-model "${T_MODEL:-330}" python3 -m benchmarks.sparse_model ${BUNDLE:+--bundle "$BUNDLE"} --out "$OUT"
-  if [ -z "${BUNDLE:-}" ]; then
+  step sparse-model "${T_MODEL:-330}" python3 -m benchmarks.sparse_model ${BUNDLE:+--bundle "$BUNDLE"} \
+    --phases "${phases[@]}" --out "$OUT"
+  if [ -z "${BUNDLE:-}" ] && [[ " ${phases[*]} " == *" engine "* ]]; then
     step engine-direct "${T_DIRECT:-120}" python3 -m benchmarks.sparse_model --phases engine --seeds direct tensorcore \
       --out "$OUT"
   fi
@@ -89,6 +96,8 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/sparse_model-*.json")):
         ran = o.get("ran") or f"ours {len(o['gemms']['ours'])} torch {len(o['gemms']['torch'])}"
         checks = o.get("check", {})
         worst = max((c.get("rel_error", 0.0) for c in checks.values()), default=o.get("rel_error"))
+        rest = r.get("non_gemm")
+        tail = f"  non-GEMM {rest['median_ms'] * 1e3:.1f} us (GEMM share of dense {rest['gemm_share_dense']:.0%})" if rest else ""
         print(f"  d{p['density']:<5g} {what:22s} ours {o['median_ms'] * 1e3:9.1f} us  dense {base['median_ms'] * 1e3:9.1f}"
-              f" us  {'WRONG' if ratio is None else f'{ratio:.2f}x':>6s}  {r['timing']:6s} rel.err {worst:.1e}  {ran[:70]}")
+              f" us  {'WRONG' if ratio is None else f'{ratio:.2f}x':>6s}  {r['timing']:6s} rel.err {worst:.1e}  {ran[:70]}{tail}")
 PY

@@ -2,7 +2,8 @@
 (BlockSparseLinear copies on the families' seeds, checked against float64, against F.linear on each
 copy's dense W); a forward whose verdict says dense cuBLAS won runs torch on a dense W kept between
 calls, also inside a captured CUDA graph; and benchmarks.sparse_model's decode step (transformers'
-static KV cache, rewound each step) captured and replayed as it runs eagerly, on a tiny LLaMA."""
+static KV cache, rewound each step) captured and replayed as it runs eagerly, on a tiny LLaMA, also on
+the stand-in model without GEMMs that times the non-GEMM part."""
 
 from __future__ import annotations
 
@@ -72,7 +73,24 @@ def test_the_decode_step_replays_in_a_graph_as_it_runs_eagerly():
     assert torch.equal(step(), want)  # the cache is rewound: a second call writes the same slot
     replay, out, why = ph.graphed(step, cuda=True)
     assert why is None, why
-    for _ in range(3):  # every replay writes the same cache slot: the same logits each time
+    for _ in range(3):  # every replay writes the same cache slot: the same hidden states each time
         replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+
+
+def test_the_decode_step_without_gemms_replays_in_a_graph():
+    pytest.importorskip("transformers")
+    from benchmarks import sparse_phases as ph
+    from benchmarks.model import build, config_dict
+
+    cuda = torch.device("cuda")
+    stub, stubs = ph.no_gemm_model(build(config_dict(1, 128, tiny=True), seed=0, device="cpu"), cuda)
+    step = ph.decode_call(stub, 2, 8, 128, cuda, seed=1)
+    want = step().clone()
+    replay, out, why = ph.graphed(step, cuda=True)
+    assert why is None, why
+    replay()
+    torch.cuda.synchronize()
+    assert out.shape == want.shape == (2, 1, 64) and torch.equal(out, want)
+    assert len(stubs) == 7 and all(s.calls >= 3 for s in stubs.values())
