@@ -31,11 +31,13 @@ def _p24(m, n, k, dtype=DType.bf16, bias=False):
 def test_the_name_is_the_identity():
     for spec in (Spec(), Spec(dtype=DType.fp16, bias=True, bm=16, bn=64, stages=8, consumers=1, group_m=1,
                               persistent=True, prepass="pack"), Spec(bk=128, stages=3),
-                 Spec(bk=128, stages=3, meta="global", prepass="pack", persistent=True), Spec(meta="global")):
+                 Spec(bk=128, stages=3, meta="global", prepass="pack", persistent=True), Spec(meta="global"),
+                 Spec(epilogue="smem"), Spec(bk=128, stages=2, meta="global", epilogue="smem", prepass="pack")):
         assert families.spec_from_name(spec.name) == spec and families.spec_from_dict(spec.to_dict()) == spec
     assert Spec().name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8"
     assert Spec(bk=128, stages=3).name == "hsp24_bf16_nobias_128x256x128_s3_c2_g8"
     assert Spec(meta="global", prepass="pack").name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8_pk_mg"
+    assert Spec(epilogue="smem", meta="global").name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8_mg_es"
     with pytest.raises(ValueError):
         families.spec_from_name("hsp24_bf16_nobias_128x256x64_s4_c2_g8_mg_pk")  # not canonical
     assert families.takes_sparsity("hopper_sp24", "2:4") and not families.takes_sparsity("hopper_sp24", "")
@@ -53,6 +55,8 @@ def test_the_name_is_the_identity():
     (dict(bk=96), "bk must be one of (64, 128)"),
     (dict(meta="smem"), "meta must be one of"),
     (dict(bk=128, stages=4), "shared memory"),  # 4 x (32 + 32 + 4) KB
+    (dict(bk=128, stages=3, epilogue="smem"), "shared memory"),  # 3 x 68 KB + 2 x 128 x 72 x 2 B
+    (dict(epilogue="registers"), "epilogue must be one of"),
 ])
 def test_invalid_specs_say_why(fields, needle):
     assert any(needle in why for why in Spec(**fields).check()), Spec(**fields).check()
@@ -98,6 +102,8 @@ def test_shared_memory_counts_the_metadata_ring():
     big = Spec(bk=128, stages=3)
     assert big.meta_bytes == 16 * 4 * 64 and big.stage_bytes == 128 * 128 * 2 + 256 * 64 * 2
     assert big.smem_bytes == 3 * (big.stage_bytes + big.meta_bytes) + 16 * 3 + 1024 <= DeviceLimits().max_smem
+    staged = Spec(epilogue="smem")
+    assert staged.smem_bytes - ring.smem_bytes == 2 * 128 * 72 * 2  # a [bm][64 + 8] tile per consumer
 
 
 def test_an_export_describes_its_operands_and_tensor_maps():
@@ -137,7 +143,10 @@ SAMPLE = [Spec(), Spec(bias=True, dtype=DType.fp16), Spec(bm=64, bn=128, consume
           Spec(bm=128, bn=128, consumers=2, stages=5, persistent=True, dtype=DType.fp16),
           Spec(bk=128, stages=3), Spec(bk=128, stages=3, bias=True, dtype=DType.fp16, persistent=True, prepass="pack"),
           Spec(bm=256, bn=128, bk=128, stages=2, persistent=True), Spec(bm=16, bn=64, bk=128, consumers=1, stages=4),
-          Spec(meta="global"), Spec(bk=128, stages=3, meta="global")]
+          Spec(meta="global"), Spec(bk=128, stages=3, meta="global"),
+          Spec(epilogue="smem"), Spec(bk=128, stages=2, epilogue="smem", bias=True, persistent=True),
+          Spec(bm=16, bn=64, consumers=1, epilogue="smem", bias=True, dtype=DType.fp16, prepass="pack"),
+          Spec(bm=256, bn=128, stages=3, epilogue="smem", meta="global")]
 
 
 @pytest.mark.timeout(600)

@@ -25,7 +25,10 @@ its words straight from WE one k-tile ahead. Either way a consumer's words go in
 register sets that alternate between k-tiles (an instruction in flight may still read the other), one
 word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
 m16n8k32 block 4b + w; sparsity selector 0 reads lanes 4g and 4g + 1). The epilogue adds the bias in
-fp32 and stores Yᵀ's accumulators element by element with bounds checks.
+fp32 and stores Yᵀ's accumulators element by element with bounds checks (``epilogue="direct"``), or
+(``"smem"``) an m64 block at a time converted into a shared [bm][64] tile per consumer warpgroup
+(rows padded to 72 elements), from which the warpgroup writes Y's rows in 16-byte pieces, element by
+element only where a piece passes N or Y's rows are not 16-byte aligned.
 
 Any M, N, K: TMA zero-fills X past M and K and WC past N and KP/2 (KP = K padded to 32 by the
 compression). TMA needs 16-byte row pitches, so when K is not a multiple of 8 a prepass first
@@ -65,6 +68,11 @@ X_BOX = 64
 METAS = ("ring", "global")
 #: Producer threads copying a stage's metadata (warp 1 of the producer warpgroup).
 META_LOADERS = 32
+#: How Yᵀ's accumulators reach Y: "direct" (element by element from registers) or "smem" (an m64 block at
+#: a time through a shared tile per consumer, then Y's rows in 16-byte pieces).
+EPILOGUES = ("direct", "smem")
+#: Elements between rows of the epilogue's tile (64 and a 16-byte pad: conflict-free transposing stores).
+EPI_PITCH = 72
 WG = 128
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}
@@ -97,6 +105,9 @@ class Spec(SpecData):
     meta: str = field(default="ring", metadata={"choices": METAS,
                                                 "help": "ring: metadata copied into shared memory by the producer; "
                                                         "global: each consumer thread loads its words a k-tile ahead"})
+    epilogue: str = field(default="direct", metadata={"choices": EPILOGUES,
+                                                      "help": "direct: Y's elements stored from registers; smem: "
+                                                              "through a shared tile, Y's rows in 16-byte pieces"})
 
     family: ClassVar[str] = NAME
     block: ClassVar[int] = 0
@@ -106,13 +117,14 @@ class Spec(SpecData):
     def name(self) -> str:
         return (f"hsp24_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
                 f"_s{self.stages}_c{self.consumers}_g{self.group_m}{'_p' if self.persistent else ''}"
-                f"{'_pk' if self.prepass == 'pack' else ''}{'_mg' if self.meta == 'global' else ''}")
+                f"{'_pk' if self.prepass == 'pack' else ''}{'_mg' if self.meta == 'global' else ''}"
+                f"{'_es' if self.epilogue == 'smem' else ''}")
 
     _NAME = re.compile(r"hsp24_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
                        r"_s(?P<stages>\d+)_c(?P<consumers>\d+)_g(?P<group_m>\d+)(?P<persistent>(_p)?)"
-                       r"(?P<prepass>(_pk)?)(?P<meta>(_mg)?)")
+                       r"(?P<prepass>(_pk)?)(?P<meta>(_mg)?)(?P<epilogue>(_es)?)")
     _MARKS = {"persistent": {"_p": True, "": False}, "prepass": {"_pk": "pack", "": "none"},
-              "meta": {"_mg": "global", "": "ring"}}
+              "meta": {"_mg": "global", "": "ring"}, "epilogue": {"_es": "smem", "": "direct"}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property
@@ -157,9 +169,16 @@ class Spec(SpecData):
         return self.bn // M16N8K32_ROWS * self.k_steps * 16 * 4 if self.meta == "ring" else 0
 
     @property
+    def epi_bytes(self) -> int:
+        """A consumer's epilogue tile (0: none): an m64 block of Yᵀ as Y's [bm][64], rows EPI_PITCH apart."""
+        return self.bm * EPI_PITCH * self.dtype.itemsize if self.epilogue == "smem" else 0
+
+    @property
     def smem_bytes(self) -> int:
-        """The operands' ring, the metadata ring, their mbarriers and the slack that aligns it to 1024 bytes."""
-        return self.stages * (self.stage_bytes + self.meta_bytes) + 16 * self.stages + 1024
+        """The operands' ring, the metadata ring, the epilogue's tiles, the mbarriers and the slack that
+        aligns it all to 1024 bytes."""
+        return (self.stages * (self.stage_bytes + self.meta_bytes) + self.consumers * self.epi_bytes + 16 * self.stages
+                + 1024)
 
     @property
     def regs_estimate(self) -> int:
@@ -171,7 +190,7 @@ class Spec(SpecData):
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
         why = field_rules(self, positive=("bm", "bn", "stages", "consumers", "group_m"),
-                          choices=(("prepass", PREPASSES), ("bk", BKS), ("meta", METAS)))
+                          choices=(("prepass", PREPASSES), ("bk", BKS), ("meta", METAS), ("epilogue", EPILOGUES)))
         why += dtype_rules(self, DTYPES, " (2:4 sparse tensor cores multiply 16-bit inputs)")
         if why:
             return why
@@ -219,7 +238,9 @@ def template_values(spec: Spec) -> dict:
         k_steps=spec.k_steps, x_bytes=spec.x_bytes, wc_bytes=spec.wc_bytes, stage_bytes=spec.stage_bytes,
         x_boxes=spec.bk // X_BOX, x_box_bytes=spec.bm * X_BOX * it,
         meta_offset=spec.stages * spec.stage_bytes, meta_bytes=spec.meta_bytes, meta_loaders=META_LOADERS,
-        bar_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes), empty_arrivals=4 * spec.consumers,
+        epi_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes), epi_bytes=spec.epi_bytes, epi_pitch=EPI_PITCH,
+        bar_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes) + spec.consumers * spec.epi_bytes,
+        empty_arrivals=4 * spec.consumers,
         # the full barrier: the producer's arrival with the TMA bytes, and each metadata loader's (cp.async)
         full_arrivals=1 + (META_LOADERS if spec.meta == "ring" else 0),
         # X's boxes: rows of 128 bytes (128-byte swizzle, 8-row groups 1024 bytes apart), a k-step 64 bytes on;

@@ -13,7 +13,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     """Everything the Hopper 2:4 template can express that is worth trying, for a 2:4 W (the family
     computes no other), as the Hopper family's: block tiles (``bm`` X's rows, wgmma's N; ``bn`` W's
     rows, split over the consumer warpgroups in m64 blocks), the k-tile (``bk`` 64 or 128 dense columns:
-    two or four sparse k-steps per ring stage), ring depth, consumers, persistent grid and raster order.
+    two or four sparse k-steps per ring stage), ring depth, consumers, persistent grid, raster order and
+    the epilogue (Yᵀ stored from registers, or through shared memory as 16-byte pieces of Y's rows).
     The pack prepass is not sampled: it is on exactly when K breaks TMA's 16-byte row pitch
     (``to_spec``); nor is the metadata path (``meta``: the ring, the family's default)."""
     if block:
@@ -29,22 +30,25 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "consumers": (1, 2),
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
+        "epilogue": ("direct", "smem"),
     }
     return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(bm=(64, 128, 256), bn=(128, 256), bk=(64, 128), stages=(3, 4, 5), consumers=(2,),
-                  persistent=(False, True), group_m=(8,))
+                  persistent=(False, True), group_m=(8,), epilogue=("direct", "smem"))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64) -> dict:
-    return dict(bm=bm, bn=bn, bk=bk, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m)
+def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64, epilogue="direct") -> dict:
+    return dict(bm=bm, bn=bn, bk=bk, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
+                epilogue=epilogue)
 
 
 #: Starting points, not yet timed on a GPU, each without spills under NVRTC 13.0 for sm_90a (the dense
 #: Hopper seeds with W on wgmma's M side: a large layer, persistent, narrower, a batch of 16 to 64; the
-#: large tiles also with k-tiles of 128, four sparse k-steps per ring stage, in the rings that fit).
+#: large tiles also with k-tiles of 128, four sparse k-steps per ring stage, in the rings that fit, and
+#: with the epilogue through shared memory).
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
@@ -55,6 +59,8 @@ SEEDS = [
     _point(128, 256, 3, 2, False, bk=128),
     _point(128, 256, 3, 2, True, bk=128),
     _point(128, 128, 4, 2, True, bk=128),
+    _point(128, 256, 4, 2, False, epilogue="smem"),
+    _point(128, 256, 2, 2, True, bk=128, epilogue="smem"),
 ]
 
 
