@@ -30,9 +30,16 @@ def _p24(m, n, k, dtype=DType.bf16, bias=False):
 
 def test_the_name_is_the_identity():
     for spec in (Spec(), Spec(dtype=DType.fp16, bias=True, bm=16, bn=64, stages=8, consumers=1, group_m=1,
-                              persistent=True, prepass="pack")):
+                              persistent=True, prepass="pack"), Spec(bk=128, stages=3),
+                 Spec(bk=128, stages=3, meta="global", prepass="pack", persistent=True), Spec(meta="global"),
+                 Spec(epilogue="smem"), Spec(bk=128, stages=2, meta="global", epilogue="smem", prepass="pack")):
         assert families.spec_from_name(spec.name) == spec and families.spec_from_dict(spec.to_dict()) == spec
     assert Spec().name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8"
+    assert Spec(bk=128, stages=3).name == "hsp24_bf16_nobias_128x256x128_s3_c2_g8"
+    assert Spec(meta="global", prepass="pack").name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8_pk_mg"
+    assert Spec(epilogue="smem", meta="global").name == "hsp24_bf16_nobias_128x256x64_s4_c2_g8_mg_es"
+    with pytest.raises(ValueError):
+        families.spec_from_name("hsp24_bf16_nobias_128x256x64_s4_c2_g8_mg_pk")  # not canonical
     assert families.takes_sparsity("hopper_sp24", "2:4") and not families.takes_sparsity("hopper_sp24", "")
     assert compile_target(Spec(), "sm_90") == "sm_90a"
 
@@ -45,6 +52,11 @@ def test_the_name_is_the_identity():
     (dict(bm=256, bn=256, consumers=1), "registers a consumer gets"),
     (dict(stages=9), "stages must be 2 to 8"),
     (dict(consumers=3), "consumers must be 1 or 2"),
+    (dict(bk=96), "bk must be one of (64, 128)"),
+    (dict(meta="smem"), "meta must be one of"),
+    (dict(bk=128, stages=4), "shared memory"),  # 4 x (32 + 32 + 4) KB
+    (dict(bk=128, stages=3, epilogue="smem"), "shared memory"),  # 3 x 68 KB + 2 x 128 x 72 x 2 B
+    (dict(epilogue="registers"), "epilogue must be one of"),
 ])
 def test_invalid_specs_say_why(fields, needle):
     assert any(needle in why for why in Spec(**fields).check()), Spec(**fields).check()
@@ -76,6 +88,22 @@ def test_plan_maps_x_and_wc():
     assert tx.operand == "WS" and tx.pitch == 80 and tx.dims == (37, 5) and twc.dims == (32, 7) and twc.pitch == 64
     assert not tx.problems() and not twc.problems()
     assert "64-byte swizzle" in grid_rule(Spec()) and "_pack" in grid_rule(Spec(prepass="pack"))
+    # bk = 128: X still in boxes of 64 columns (two per stage), WC's rows of 64 kept columns, 128-byte swizzle
+    tx, twc = plan(Spec(bk=128, stages=3), p).tensor_maps
+    assert tx.box == (64, 128) and tx.swizzle == 128
+    assert twc == TensorMapArg("TWC", "WC", "bf16", dims=(80, 264), pitch=160, box=(64, 256), swizzle=128)
+    assert not twc.problems() and "128-byte swizzle; WE" in grid_rule(Spec(bk=128, stages=3))
+
+
+def test_shared_memory_counts_the_metadata_ring():
+    ring, glob = Spec(), Spec(meta="global")
+    assert glob.smem_bytes == 4 * (128 * 64 * 2 + 256 * 32 * 2) + 16 * 4 + 1024
+    assert ring.smem_bytes - glob.smem_bytes == 4 * (256 // 16) * 2 * 16 * 4  # [BN/16][K_STEPS][16] words a stage
+    big = Spec(bk=128, stages=3)
+    assert big.meta_bytes == 16 * 4 * 64 and big.stage_bytes == 128 * 128 * 2 + 256 * 64 * 2
+    assert big.smem_bytes == 3 * (big.stage_bytes + big.meta_bytes) + 16 * 3 + 1024 <= DeviceLimits().max_smem
+    staged = Spec(epilogue="smem")
+    assert staged.smem_bytes - ring.smem_bytes == 2 * 128 * 72 * 2  # a [bm][64 + 8] tile per consumer
 
 
 def test_an_export_describes_its_operands_and_tensor_maps():
@@ -112,7 +140,13 @@ def test_existing_families_are_unchanged_by_the_new_operand():
 
 SAMPLE = [Spec(), Spec(bias=True, dtype=DType.fp16), Spec(bm=64, bn=128, consumers=1, stages=6),
           Spec(bm=256, bn=128, consumers=2, prepass="pack", persistent=True), Spec(bm=16, bn=64, consumers=1, bias=True),
-          Spec(bm=128, bn=128, consumers=2, stages=5, persistent=True, dtype=DType.fp16)]
+          Spec(bm=128, bn=128, consumers=2, stages=5, persistent=True, dtype=DType.fp16),
+          Spec(bk=128, stages=3), Spec(bk=128, stages=3, bias=True, dtype=DType.fp16, persistent=True, prepass="pack"),
+          Spec(bm=256, bn=128, bk=128, stages=2, persistent=True), Spec(bm=16, bn=64, bk=128, consumers=1, stages=4),
+          Spec(meta="global"), Spec(bk=128, stages=3, meta="global"),
+          Spec(epilogue="smem"), Spec(bk=128, stages=2, epilogue="smem", bias=True, persistent=True),
+          Spec(bm=16, bn=64, consumers=1, epilogue="smem", bias=True, dtype=DType.fp16, prepass="pack"),
+          Spec(bm=256, bn=128, stages=3, epilogue="smem", meta="global")]
 
 
 @pytest.mark.timeout(600)
@@ -125,10 +159,13 @@ def test_every_sample_compiles_to_sparse_wgmma_fed_by_tma():
         assert set(code) == {spec.name} | ({spec.name + "_pack"} if spec.prepass == "pack" else set())
         ops = sass.mnemonics(text, spec.name, "HGMMA")
         shape = f"HGMMA.SP.64X{spec.bm}X32.F32" + (".BF16" if spec.dtype is DType.bf16 else "")
-        # k-tiles run two at a time (two metadata register sets), two k-steps of FRAG_M m64 blocks each
-        assert ops == {shape: 2 * 2 * spec.frag_m}, (spec.name, ops)
+        # k-tiles run two at a time (two metadata register sets), bk/32 k-steps of FRAG_M m64 blocks each
+        assert ops == {shape: 2 * spec.k_steps * spec.frag_m}, (spec.name, ops)
         others = sass.opcodes(text, spec.name)
-        assert others["UTMALDG"] == 2 and others["USETMAXREG"] == 2, spec.name
+        # X's boxes of 64 columns (one or two) and WC's; the metadata ring's 16-byte cp.async, bn/16 blocks x
+        # bk/32 k-steps x 4 chunks over the 32 loader threads
+        assert others["UTMALDG"] == 1 + spec.bk // 64 and others["USETMAXREG"] == 2, spec.name
+        assert others["LDGSTS"] == (spec.bn * spec.k_steps // 128 if spec.meta == "ring" else 0), (spec.name, others)
         assert others["LDL"] == 0 and others["STL"] == 0, spec.name
         report = result.report[spec.name]
         assert report["spill_stores"] == 0 and report["spill_loads"] == 0 and report["stack"] == 0, (spec.name, report)

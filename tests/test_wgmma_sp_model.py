@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from codegen import sparse24
-from tests.wgmma_sp_model import kernel_registers, wgmma_sp_m64nnk32
+from tests.wgmma_sp_model import kernel_registers, ring_registers, ring_stage, wgmma_sp_m64nnk32
 
 
 @pytest.mark.parametrize(("n", "k", "m"), [(1, 1, 1), (64, 32, 8), (70, 37, 24), (130, 96, 16), (200, 5, 40)])
@@ -92,3 +92,58 @@ def test_the_model_agrees_with_cutlass_s_metadata_layout():
             cells = {_cute_elayout_64x32(thread, 16 * half + c) for c in range(16)}
             model_row = 16 * w + g + 8 * half  # wgmma_sp_m64nnk32: bits 16*upper.. of word 32w+4g+2s+h
             assert cells == {(model_row, 16 * h + c) for c in range(16)}, (thread, half)
+
+
+@pytest.mark.parametrize(("n", "k", "bn", "consumers", "bk"), [
+    (1, 1, 64, 1, 64), (70, 37, 64, 1, 128), (130, 96, 128, 2, 64), (200, 300, 256, 2, 128), (300, 165, 192, 1, 64),
+    (64, 64, 256, 2, 64)])
+def test_the_metadata_ring_gives_the_registers_of_the_global_loads(n, k, bn, consumers, bk):
+    """The ring path (loader threads copy a k-tile's WE words into a stage, consumers read theirs from it)
+    hands every consumer thread the word the global loads would (kernel_registers), the zero-group fill
+    past W's rows and KP; every word of a stage is written."""
+    rng = np.random.default_rng(n + k + bn)
+    w = rng.standard_normal((n, k))
+    we16 = sparse24.metadata_m16n8k32(sparse24.compress(w, sparse24.mask24(w)))
+    steps, k_steps, wg_m = we16.shape[1], bk // 32, bn // consumers
+    for n0 in range(0, n, bn):
+        for kt in range(-(-steps // k_steps)):
+            stage = ring_stage(we16, n0 // 16, kt, bn, k_steps)
+            assert not np.any(stage == 0xDEADBEEF)
+            for c in range(consumers):
+                for f in range(wg_m // 64):
+                    for s in range(k_steps):
+                        got = ring_registers(stage, c * wg_m // 16, f, s)
+                        step = kt * k_steps + s
+                        if step < steps:
+                            want = kernel_registers(we16, (n0 + c * wg_m) // 64 + f, step)
+                        else:
+                            want = np.full(128, 0x44444444, dtype=np.uint32)
+                        np.testing.assert_array_equal(got, want)
+
+
+def test_the_metadata_ring_reproduces_the_pruned_product():
+    """X · (pruned W)ᵀ from the ring's registers through the instruction model, tile by tile (bn 128, two
+    consumers, k-tiles of 128), ragged N and K."""
+    n, k, m, bn, bk, consumers = 150, 200, 24, 128, 128, 2
+    rng = np.random.default_rng(7)
+    w, x = rng.standard_normal((n, k)), rng.standard_normal((m, k))
+    packed = sparse24.compress(w, sparse24.mask24(w))
+    we16, kp = sparse24.metadata_m16n8k32(packed), packed.kp
+    tiles = -(-n // bn)
+    kept = np.zeros((tiles * bn, -(-kp // bk) * bk // 2))
+    kept[:n, :kp // 2] = packed.values
+    xp = np.zeros((m, kept.shape[1] * 2))
+    xp[:, :k] = x
+    yt = np.zeros((tiles * bn, m))
+    wg_m, k_steps = bn // consumers, bk // 32
+    for n0 in range(0, tiles * bn, bn):
+        for kt in range(kept.shape[1] * 2 // bk):
+            stage = ring_stage(we16, n0 // 16, kt, bn, k_steps)
+            for c in range(consumers):
+                for f in range(wg_m // 64):
+                    r0 = n0 + c * wg_m + 64 * f
+                    for s in range(k_steps):
+                        col = kt * bk + 32 * s
+                        yt[r0:r0 + 64] += wgmma_sp_m64nnk32(kept[r0:r0 + 64, col // 2:col // 2 + 16],
+                                                            xp[:, col:col + 32].T, ring_registers(stage, c * wg_m // 16, f, s))
+    np.testing.assert_allclose(yt[:n].T, x @ sparse24.prune24(w).T, rtol=1e-10, atol=1e-10)

@@ -55,3 +55,35 @@ def kernel_registers(we16: np.ndarray, block: int, step: int) -> np.ndarray:
         blk = 4 * block + w
         e[tid] = we16[blk, step, 2 * (lane >> 2) + (lane & 1)] if blk < we16.shape[0] else 0x44444444
     return e
+
+
+def ring_stage(we16: np.ndarray, blk0: int, kt: int, bn: int, k_steps: int, loaders: int = 32) -> np.ndarray:
+    """The stage of the metadata ring the hopper_sp24 kernel's loader threads fill (``meta="ring"``,
+    templates/hopper_sp24.cu.j2, copy_meta) for k-tile ``kt`` of a block tile whose W rows start at
+    m16n8k32 block ``blk0``: [bn/16][k_steps][16] uint32, in the 16-byte chunks each thread copies
+    (thread t: chunk t % 4 of k-step (t / 4) % k_steps of every (loaders / (4 k_steps))-th block from
+    t / (4 k_steps) on), the zero-group fill past WE's blocks or k-steps. Words no thread writes stay
+    0xDEADBEEF."""
+    blocks, steps = we16.shape[:2]
+    stage = np.full(bn // 16 * k_steps * 16, 0xDEADBEEF, dtype=np.uint32)
+    per_block = 4 * k_steps
+    per_pass = loaders // per_block
+    for t in range(loaders):
+        step, blk, dst = kt * k_steps + (t // 4) % k_steps, blk0 + t // per_block, 4 * t
+        for _ in range(bn // 16 // per_pass):
+            q = 4 * (t % 4)
+            stage[dst:dst + 4] = we16[blk, step, q:q + 4] if blk < blocks and step < steps else 0x44444444
+            blk += per_pass
+            dst += 4 * loaders
+    return stage.reshape(bn // 16, k_steps, 16)
+
+
+def ring_registers(stage: np.ndarray, first: int, f: int, s: int) -> np.ndarray:
+    """The metadata registers a consumer warpgroup reads from a ring stage (read_meta) for its m64 block
+    ``f`` and k-step ``s``: thread 32w + 4g + h takes word 2g + (h & 1) of the stage's block first + w + 4f
+    (``first``: the consumer's first m16n8k32 block within the tile, c * bn / consumers / 16)."""
+    e = np.zeros(128, dtype=np.uint32)
+    for tid in range(128):
+        w, lane = divmod(tid, 32)
+        e[tid] = stage[first + w + 4 * f, s, 2 * (lane >> 2) + (lane & 1)]
+    return e

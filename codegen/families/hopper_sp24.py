@@ -6,17 +6,29 @@ elements along K (codegen.sparse24). The sparse operand of ``wgmma.sp`` is its A
 computes Yᵀ tile by tile, as the Hopper family's ``swap`` does: W's rows are the instruction's M side
 (64 per instruction, ``bn / consumers`` rows of the block tile per consumer warpgroup, ``bn / consumers
 / 64`` instructions per k-step) and X's ``bm`` rows its N side (8 to 256), each instruction 32 deep in
-K. One producer thread copies k-tiles of X [bm][bk] (128-byte swizzle) and of the kept halves WC
-[bn][bk/2] (64-byte swizzle) with ``cp.async.bulk.tensor`` into a ring of ``stages`` buffers with
-full/empty mbarriers, as the Hopper family does; both operands reach wgmma through shared-memory
-descriptors. The metadata does not go through shared memory: each consumer thread loads its own
-32-bit words straight from WE (``codegen.sparse24.metadata_m16n8k32``, the layout every 2:4 family
-reads; ``metadata_m64nnk32`` is the same words per instruction) a k-tile ahead, while the wgmma of
-the current one run, into one of two register sets that alternate between k-tiles (an instruction
-in flight may still read the other), one word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
-m16n8k32 block 4b + w; sparsity selector 0 reads lanes 4g and 4g + 1). Metadata past W's rows or
-K's padded columns is the zero-group fill. The epilogue adds the bias in fp32 and stores Yᵀ's
-accumulators element by element with bounds checks.
+K. One producer thread copies k-tiles of X [bm][bk] (boxes of 64 columns, 128-byte swizzle: one box
+per stage at ``bk=64``, two at ``bk=128``) and of the kept halves WC [bn][bk/2] (64-byte swizzle at
+``bk=64``, 128-byte at ``bk=128``) with ``cp.async.bulk.tensor`` into a ring of ``stages`` buffers
+with full/empty mbarriers, as the Hopper family does; both operands reach wgmma through shared-memory
+descriptors, ``bk/32`` k-steps per stage.
+
+The metadata (WE: ``codegen.sparse24.metadata_m16n8k32``, the layout every 2:4 family reads;
+``metadata_m64nnk32`` is the same words per instruction) takes one of two paths (``meta``). ``ring``
+(the default): warp 1 of the producer warpgroup copies each k-tile's words for the tile's bn/16
+m16n8k32 blocks ([bn/16][bk/32][16] uint32, contiguous 16-byte chunks) with ``cp.async`` into a
+metadata ring beside the operands' ring, its stages filled and released with the same mbarriers (each
+loader thread's arrival on the full barrier waits for its copies: ``cp.async.mbarrier.arrive.noinc``);
+the zero-group fill replaces blocks past W's rows and k-steps past KP. A consumer thread reads its
+words of the next k-tile from shared memory as soon as that stage is full, while the current k-tile's
+wgmma run, so the metadata is as far ahead as the ring is deep. ``global``: each consumer thread loads
+its words straight from WE one k-tile ahead. Either way a consumer's words go into one of two
+register sets that alternate between k-tiles (an instruction in flight may still read the other), one
+word per m64 block and k-step (thread 32w + 4g + h of a warpgroup takes word 2g + (h & 1) of
+m16n8k32 block 4b + w; sparsity selector 0 reads lanes 4g and 4g + 1). The epilogue adds the bias in
+fp32 and stores Yᵀ's accumulators element by element with bounds checks (``epilogue="direct"``), or
+(``"smem"``) an m64 block at a time converted into a shared [bm][64] tile per consumer warpgroup
+(rows padded to 72 elements), from which the warpgroup writes Y's rows in 16-byte pieces, element by
+element only where a piece passes N or Y's rows are not 16-byte aligned.
 
 Any M, N, K: TMA zero-fills X past M and K and WC past N and KP/2 (KP = K padded to 32 by the
 compression). TMA needs 16-byte row pitches, so when K is not a multiple of 8 a prepass first
@@ -45,8 +57,22 @@ SPARSITIES = ("2:4",)
 #: has confirmed this family's results (tests/gpu/test_hopper_sp24.py); a search takes both either way.
 RANK = 2
 PREPASSES = ("none", "pack")
-#: Dense k-columns per k-tile: X's rows of 64 elements are one 128-byte swizzle span, WC's 32 one of 64 bytes.
-BK = 64
+#: Dense k-columns per k-tile: 64 (X's rows one 128-byte swizzle span, WC's 32 kept columns one of 64
+#: bytes) or 128 (X's rows two such spans, two TMA boxes; WC's 64 kept columns one 128-byte span).
+BKS = (64, 128)
+#: X's columns per TMA box: one 128-byte swizzle span of 16-bit elements.
+X_BOX = 64
+#: Where consumers take the metadata from: "ring" (copied into a ring beside the operands' by the
+#: producer warpgroup's warp 1, cp.async, read from shared memory) or "global" (each consumer thread
+#: loads its words from WE a k-tile ahead).
+METAS = ("ring", "global")
+#: Producer threads copying a stage's metadata (warp 1 of the producer warpgroup).
+META_LOADERS = 32
+#: How Yᵀ's accumulators reach Y: "direct" (element by element from registers) or "smem" (an m64 block at
+#: a time through a shared tile per consumer, then Y's rows in 16-byte pieces).
+EPILOGUES = ("direct", "smem")
+#: Elements between rows of the epilogue's tile (64 and a 16-byte pad: conflict-free transposing stores).
+EPI_PITCH = 72
 WG = 128
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}
@@ -75,6 +101,13 @@ class Spec(SpecData):
     persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
     prepass: str = field(default="none", metadata={"choices": PREPASSES,
                                                    "help": "pack: copy X with rows padded to 16 bytes"})
+    bk: int = field(default=64, metadata={"help": "dense k-columns per k-tile (64 or 128)"})
+    meta: str = field(default="ring", metadata={"choices": METAS,
+                                                "help": "ring: metadata copied into shared memory by the producer; "
+                                                        "global: each consumer thread loads its words a k-tile ahead"})
+    epilogue: str = field(default="direct", metadata={"choices": EPILOGUES,
+                                                      "help": "direct: Y's elements stored from registers; smem: "
+                                                              "through a shared tile, Y's rows in 16-byte pieces"})
 
     family: ClassVar[str] = NAME
     block: ClassVar[int] = 0
@@ -82,13 +115,16 @@ class Spec(SpecData):
 
     @property
     def name(self) -> str:
-        return (f"hsp24_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{BK}_s{self.stages}"
-                f"_c{self.consumers}_g{self.group_m}{'_p' if self.persistent else ''}"
-                f"{'_pk' if self.prepass == 'pack' else ''}")
+        return (f"hsp24_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
+                f"_s{self.stages}_c{self.consumers}_g{self.group_m}{'_p' if self.persistent else ''}"
+                f"{'_pk' if self.prepass == 'pack' else ''}{'_mg' if self.meta == 'global' else ''}"
+                f"{'_es' if self.epilogue == 'smem' else ''}")
 
-    _NAME = re.compile(r"hsp24_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x64_s(?P<stages>\d+)"
-                       r"_c(?P<consumers>\d+)_g(?P<group_m>\d+)(?P<persistent>(_p)?)(?P<prepass>(_pk)?)")
-    _MARKS = {"persistent": {"_p": True, "": False}, "prepass": {"_pk": "pack", "": "none"}}
+    _NAME = re.compile(r"hsp24_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
+                       r"_s(?P<stages>\d+)_c(?P<consumers>\d+)_g(?P<group_m>\d+)(?P<persistent>(_p)?)"
+                       r"(?P<prepass>(_pk)?)(?P<meta>(_mg)?)(?P<epilogue>(_es)?)")
+    _MARKS = {"persistent": {"_p": True, "": False}, "prepass": {"_pk": "pack", "": "none"},
+              "meta": {"_mg": "global", "": "ring"}, "epilogue": {"_es": "smem", "": "direct"}}
 
     # ---- derived geometry -----------------------------------------------------------------
     @property
@@ -110,33 +146,51 @@ class Spec(SpecData):
         return self.bm // 2
 
     @property
+    def k_steps(self) -> int:
+        """wgmma.sp k-steps (32 dense columns each) per k-tile."""
+        return self.bk // K_ALIGN
+
+    @property
     def x_bytes(self) -> int:
-        return self.bm * BK * self.dtype.itemsize
+        return self.bm * self.bk * self.dtype.itemsize
 
     @property
     def wc_bytes(self) -> int:
-        return self.bn * (BK // 2) * self.dtype.itemsize
+        return self.bn * (self.bk // 2) * self.dtype.itemsize
 
     @property
     def stage_bytes(self) -> int:
+        """What TMA copies into a stage (its expected transaction bytes): X's boxes and WC's."""
         return self.x_bytes + self.wc_bytes
 
     @property
+    def meta_bytes(self) -> int:
+        """A stage of the metadata ring: WE's words of a k-tile for the tile's m16n8k32 blocks (0: none)."""
+        return self.bn // M16N8K32_ROWS * self.k_steps * 16 * 4 if self.meta == "ring" else 0
+
+    @property
+    def epi_bytes(self) -> int:
+        """A consumer's epilogue tile (0: none): an m64 block of Yᵀ as Y's [bm][64], rows EPI_PITCH apart."""
+        return self.bm * EPI_PITCH * self.dtype.itemsize if self.epilogue == "smem" else 0
+
+    @property
     def smem_bytes(self) -> int:
-        """The ring, its mbarriers and the slack that aligns it to 1024 bytes."""
-        return self.stages * self.stage_bytes + 16 * self.stages + 1024
+        """The operands' ring, the metadata ring, the epilogue's tiles, the mbarriers and the slack that
+        aligns it all to 1024 bytes."""
+        return (self.stages * (self.stage_bytes + self.meta_bytes) + self.consumers * self.epi_bytes + 16 * self.stages
+                + 1024)
 
     @property
     def regs_estimate(self) -> int:
         """A consumer thread's registers: accumulators, two k-tiles' metadata words and the rest."""
-        return self.frag_m * self.acc + 2 * self.frag_m * (BK // K_ALIGN) + CONSUMER_OVERHEAD
+        return self.frag_m * self.acc + 2 * self.frag_m * self.k_steps + CONSUMER_OVERHEAD
 
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem | None = None, limits: DeviceLimits | None = None) -> list[str]:
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
         why = field_rules(self, positive=("bm", "bn", "stages", "consumers", "group_m"),
-                          choices=(("prepass", PREPASSES),))
+                          choices=(("prepass", PREPASSES), ("bk", BKS), ("meta", METAS), ("epilogue", EPILOGUES)))
         why += dtype_rules(self, DTYPES, " (2:4 sparse tensor cores multiply 16-bit inputs)")
         if why:
             return why
@@ -178,14 +232,23 @@ def template_values(spec: Spec) -> dict:
     """Every number the template uses, computed here once."""
     values = spec.to_dict()
     acc, t = spec.acc, PTX_TYPE[spec.dtype]
+    it = spec.dtype.itemsize
     values.update(
-        name=spec.name, threads=spec.threads, bk=BK, wg_m=spec.wg_m, frag_m=spec.frag_m, acc=acc,
-        k_steps=BK // K_ALIGN, x_bytes=spec.x_bytes, wc_bytes=spec.wc_bytes, stage_bytes=spec.stage_bytes,
-        bar_offset=spec.stages * spec.stage_bytes, empty_arrivals=4 * spec.consumers,
-        # X's tile: rows of 128 bytes (128-byte swizzle, 8-row groups 1024 bytes apart), a k-step 64 bytes on;
-        # WC's: rows of 64 bytes (64-byte swizzle, 8-row groups 512 bytes apart), a k-step 32 bytes on.
-        x_k_step_bytes=K_ALIGN * spec.dtype.itemsize, wc_k_step_bytes=K_ALIGN // 2 * spec.dtype.itemsize,
-        frag_wc_bytes=M64NNK32_ROWS * (BK // 2) * spec.dtype.itemsize, wg_wc_bytes=spec.wg_m * (BK // 2) * spec.dtype.itemsize,
+        name=spec.name, threads=spec.threads, bk=spec.bk, wg_m=spec.wg_m, frag_m=spec.frag_m, acc=acc,
+        k_steps=spec.k_steps, x_bytes=spec.x_bytes, wc_bytes=spec.wc_bytes, stage_bytes=spec.stage_bytes,
+        x_boxes=spec.bk // X_BOX, x_box_bytes=spec.bm * X_BOX * it,
+        meta_offset=spec.stages * spec.stage_bytes, meta_bytes=spec.meta_bytes, meta_loaders=META_LOADERS,
+        epi_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes), epi_bytes=spec.epi_bytes, epi_pitch=EPI_PITCH,
+        bar_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes) + spec.consumers * spec.epi_bytes,
+        empty_arrivals=4 * spec.consumers,
+        # the full barrier: the producer's arrival with the TMA bytes, and each metadata loader's (cp.async)
+        full_arrivals=1 + (META_LOADERS if spec.meta == "ring" else 0),
+        # X's boxes: rows of 128 bytes (128-byte swizzle, 8-row groups 1024 bytes apart), a k-step 64 bytes on;
+        # WC's: rows of bk/2 elements, 64 bytes (64-byte swizzle, descriptor mode 2, 8-row groups 512 bytes
+        # apart) or 128 (128-byte swizzle, mode 1, 1024), a k-step 32 bytes on.
+        x_k_step_bytes=K_ALIGN * it, wc_k_step_bytes=K_ALIGN // 2 * it,
+        wc_mode=2 if spec.bk == 64 else 1, wc_sbo=8 * (spec.bk // 2) * it,
+        frag_wc_bytes=M64NNK32_ROWS * (spec.bk // 2) * it, wg_wc_bytes=spec.wg_m * (spec.bk // 2) * it,
         meta_rows=M16N8K32_ROWS, meta_fill=f"0x{META_FILL:08x}u", k_align=K_ALIGN,
         producer_regs=PRODUCER_REGS, consumer_regs=CONSUMER_REGS[spec.consumers], pack_threads=PACK_THREADS,
         wgmma_ptx=f"wgmma.mma_async.sp.sync.aligned.m64n{spec.bm}k32.f32.{t}.{t}",
@@ -204,10 +267,11 @@ def _maps(spec: Spec, problem: Problem) -> tuple[TensorMapArg, TensorMapArg]:
     kp = padded_k(k)
     dt = spec.dtype.value
     if spec.prepass == "pack":
-        tx = TensorMapArg("TX", "WS", dt, dims=(k, m), pitch=packed_k(8, k) * e, box=(BK, spec.bm), swizzle=128)
+        tx = TensorMapArg("TX", "WS", dt, dims=(k, m), pitch=packed_k(8, k) * e, box=(X_BOX, spec.bm), swizzle=128)
     else:
-        tx = TensorMapArg("TX", "X", dt, dims=(k, m), pitch=k * e, box=(BK, spec.bm), swizzle=128)
-    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(BK // 2, spec.bn), swizzle=64)
+        tx = TensorMapArg("TX", "X", dt, dims=(k, m), pitch=k * e, box=(X_BOX, spec.bm), swizzle=128)
+    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(spec.bk // 2, spec.bn),
+                       swizzle=spec.bk // 2 * e)
     return tx, twc
 
 
@@ -247,7 +311,7 @@ def grid_rule(spec: Spec) -> str:
         src = "WS with dims (K, M), row pitch ceil(K/8)*16 bytes"
     parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
                  f"{spec.smem_bytes} B; TX and TWC are 2-D tensor maps ({spec.dtype.value}, zero fill): TX over {src}, "
-                 f"box ({BK}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
-                 f"(KP/2, N), row pitch KP bytes, box ({BK // 2}, {spec.bn}), 64-byte swizzle; WE the uint32 metadata "
-                 f"[ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32)")
+                 f"box ({X_BOX}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
+                 f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.bn}), {spec.bk}-byte swizzle; WE the uint32 "
+                 f"metadata [ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32), 16-byte aligned")
     return "; ".join(parts)

@@ -12,9 +12,11 @@ NAME = "hopper_sp24"
 def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.forward) -> Space:
     """Everything the Hopper 2:4 template can express that is worth trying, for a 2:4 W (the family
     computes no other), as the Hopper family's: block tiles (``bm`` X's rows, wgmma's N; ``bn`` W's
-    rows, split over the consumer warpgroups in m64 blocks), ring depth, consumers, persistent grid and
-    raster order. The k-tile is fixed (X's rows one 128-byte swizzle span), and the pack prepass is
-    not sampled: it is on exactly when K breaks TMA's 16-byte row pitch (``to_spec``)."""
+    rows, split over the consumer warpgroups in m64 blocks), the k-tile (``bk`` 64 or 128 dense columns:
+    two or four sparse k-steps per ring stage), ring depth, consumers, persistent grid, raster order and
+    the epilogue (Yᵀ stored from registers, or through shared memory as 16-byte pieces of Y's rows).
+    The pack prepass is not sampled: it is on exactly when K breaks TMA's 16-byte row pitch
+    (``to_spec``); nor is the metadata path (``meta``: the ring, the family's default)."""
     if block:
         raise ValueError(f"the {NAME} family computes a 2:4 sparse W, not a block-sparse one; drop --block or "
                          f"choose another --family")
@@ -23,25 +25,30 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     dims = {
         "bm": (16, 32, 64, 128, 256),
         "bn": (64, 128, 192, 256),
+        "bk": (64, 128),
         "stages": (2, 3, 4, 5, 6, 8),
         "consumers": (1, 2),
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
+        "epilogue": ("direct", "smem"),
     }
     return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
-RESTRICTED = dict(bm=(64, 128, 256), bn=(128, 256), stages=(3, 4, 5), consumers=(2,), persistent=(False, True),
-                  group_m=(8,))
+RESTRICTED = dict(bm=(64, 128, 256), bn=(128, 256), bk=(64, 128), stages=(3, 4, 5), consumers=(2,),
+                  persistent=(False, True), group_m=(8,), epilogue=("direct", "smem"))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8) -> dict:
-    return dict(bm=bm, bn=bn, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m)
+def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64, epilogue="direct") -> dict:
+    return dict(bm=bm, bn=bn, bk=bk, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
+                epilogue=epilogue)
 
 
 #: Starting points, not yet timed on a GPU, each without spills under NVRTC 13.0 for sm_90a (the dense
-#: Hopper seeds with W on wgmma's M side: a large layer, persistent, narrower, a batch of 16 to 64).
+#: Hopper seeds with W on wgmma's M side: a large layer, persistent, narrower, a batch of 16 to 64; the
+#: large tiles also with k-tiles of 128, four sparse k-steps per ring stage, in the rings that fit, and
+#: with the epilogue through shared memory).
 SEEDS = [
     _point(128, 256, 4, 2, False),
     _point(128, 256, 4, 2, True),
@@ -49,6 +56,11 @@ SEEDS = [
     _point(128, 128, 5, 2, True),
     _point(64, 128, 6, 1, True, group_m=4),
     _point(16, 128, 6, 2, False, group_m=4),
+    _point(128, 256, 3, 2, False, bk=128),
+    _point(128, 256, 3, 2, True, bk=128),
+    _point(128, 128, 4, 2, True, bk=128),
+    _point(128, 256, 4, 2, False, epilogue="smem"),
+    _point(128, 256, 2, 2, True, bk=128, epilogue="smem"),
 ]
 
 

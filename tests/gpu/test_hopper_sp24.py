@@ -2,7 +2,8 @@
 of X·(masked W)ᵀ (+ b) on odd shapes (M, N, K = 1; K = 5 and 37; 130x264x136; part of a 4096^3
 layer), bf16 and fp16, with and without bias (the evaluation's own validation, outputs poisoned with
 NaN); metadata patterns chosen to tell a wrong metadata layout (which rows, lanes, nibbles) from a
-wrong value layout or descriptor; an export run from its manifest alone; bench against cuBLAS at
+wrong value layout or descriptor, on both metadata paths (the ring, the global loads) and both
+k-tiles (64, 128: the kept halves 64- or 128-byte swizzled), and both epilogues; an export run from its manifest alone; bench against cuBLAS at
 4096^3 and a tiny search through the command line.
 
 The CPU tier checks the kernel's metadata loads and the packer against the instruction as the PTX
@@ -37,9 +38,23 @@ VARIANTS = [
     dict(bm=256, bn=128, consumers=2, persistent=True),
     dict(bm=16, bn=64, consumers=1, stages=3, group_m=1),  # wgmma N = 16
     dict(bm=128, bn=128, consumers=2, stages=2, persistent=True),  # a ring of two: every phase flips
+    # k-tiles of 128: two X boxes a stage, WC 128-byte swizzled, four k-steps (K = 37 or 136: a ragged last k-tile)
+    dict(bk=128, stages=3),
+    dict(bk=128, bm=256, bn=128, stages=2, persistent=True),
+    dict(bk=128, bm=16, bn=64, consumers=1, stages=4, group_m=1),
+    dict(bk=128, bm=128, bn=128, stages=4, persistent=True),
+    # the metadata loaded by each consumer thread from global memory instead of the ring
+    dict(meta="global"),
+    dict(meta="global", bk=128, bm=64, bn=128, consumers=1, stages=4),
+    # the epilogue through shared memory: 16-byte pieces of Y's rows where N is a multiple of 8 (4096, 264),
+    # element by element where it is not (17, 37, 45, 1030)
+    dict(epilogue="smem"),
+    dict(epilogue="smem", bk=128, stages=2, persistent=True),
+    dict(epilogue="smem", bm=16, bn=64, consumers=1, stages=3, group_m=1),
+    dict(epilogue="smem", bm=256, bn=128, stages=3, persistent=True, meta="global"),
 ]
 CASES = ([(DType.bf16, bias, v) for v in VARIANTS for bias in (False, True)]
-         + [(DType.fp16, bias, v) for v in VARIANTS[:3] for bias in (False, True)])
+         + [(DType.fp16, bias, v) for v in VARIANTS[:3] + VARIANTS[5:6] + VARIANTS[11:12] for bias in (False, True)])
 
 
 def _spec(dtype, bias, fields, k):
@@ -66,7 +81,8 @@ def test_correct_on_odd_shapes(evaluator, dtype, bias, fields):
 def test_a_large_layer_subset(evaluator, dtype):
     """4096^3's W with a batch of 256 rows of X (the full layer is the bench below)."""
     problem = Problem(256, 4096, 4096, dtype, bias=True, sparsity="2:4")
-    for spec in (Spec(dtype=dtype, bias=True), Spec(dtype=dtype, bias=True, bm=256, bn=128, persistent=True)):
+    for spec in (Spec(dtype=dtype, bias=True), Spec(dtype=dtype, bias=True, bm=256, bn=128, persistent=True),
+                 Spec(dtype=dtype, bias=True, bk=128, stages=3), Spec(dtype=dtype, bias=True, epilogue="smem")):
         result, _ = evaluator.evaluate(spec, problem)
         assert result["status"] == "ok", f"{spec.name}: {result['evidence']}"
         assert result["rel_error"] <= dtype.rel_tol
@@ -99,8 +115,14 @@ PATTERNS = {
 }
 
 
+#: The kernels the patterns run on: the metadata ring at k-tiles of 64 and 128, and the global loads.
+PATTERN_SPECS = [dict(bm=64, bn=128, consumers=1, stages=3), dict(bm=64, bn=128, consumers=1, stages=3, bk=128),
+                 dict(bm=64, bn=128, consumers=1, stages=3, meta="global")]
+
+
+@pytest.mark.parametrize("fields", PATTERN_SPECS, ids=[Spec(**f).name for f in PATTERN_SPECS])
 @pytest.mark.parametrize("pattern", list(PATTERNS))
-def test_metadata_patterns_tell_layout_errors_apart(pattern):
+def test_metadata_patterns_tell_layout_errors_apart(pattern, fields):
     """One kernel, W with chosen kept positions, launched from its export: a failure of some patterns
     and not others says which part of the wgmma.sp metadata layout (codegen.sparse24.metadata_m64nnk32,
     read from metadata_m16n8k32's words) is not the hardware's; every pattern failing points at the
@@ -108,7 +130,7 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern):
     rng = np.random.default_rng(11)
     m, n, k = 40, 200, 256
     problem = Problem(m, n, k, DType.bf16, sparsity="2:4")
-    spec = Spec(bm=64, bn=128, consumers=1, stages=3)
+    spec = Spec(**fields)
     if PATTERNS[pattern] is None:
         w = sparse24.prune24(rng.standard_normal((n, k)).astype(np.float32))
     else:
@@ -122,13 +144,14 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern):
                                         "WE": sparse24.metadata_m16n8k32(packed)})
     ref = x @ w.astype(np.float64).T
     err = np.linalg.norm(to_float64(y, DType.bf16) - ref) / np.linalg.norm(ref)
-    assert err < DType.bf16.rel_tol, f"{pattern}: relative error {err:.3g}"
+    assert err < DType.bf16.rel_tol, f"{spec.name}, {pattern}: relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("fields", [{}, dict(bk=128), dict(epilogue="smem")], ids=["bk64", "bk128", "smem-epilogue"])
 @pytest.mark.parametrize("dtype", [DType.bf16, DType.fp16])
-def test_an_export_runs_from_its_manifest_alone(dtype):
+def test_an_export_runs_from_its_manifest_alone(dtype, fields):
     problem = Problem(67, 45, 91, dtype, bias=True, sparsity="2:4")
-    spec = Spec(dtype=dtype, bias=True, bm=64, bn=128, consumers=1, prepass="pack")
+    spec = Spec(dtype=dtype, bias=True, bm=64, bn=128, consumers=1, prepass="pack", **fields)
     cu, js = export_files(spec, problem, None, "sm_90")
     manifest = json.loads(js)
     rng = np.random.default_rng()
