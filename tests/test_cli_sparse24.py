@@ -118,10 +118,14 @@ def test_compile_takes_the_sparse24_family_for_a_2_4_problem(capsys, tmp_path, m
     doc = json.loads(out)
     assert doc["name"] == Spec(bias=True).name and doc["problem"]["sparsity"] == "2:4"
     assert all(r["spill_stores"] == 0 for r in doc["report"].values())
-    code, out, err = run(["compile", *ODD, "--sparsity", "2:4", "--bm", "32", "--wm", "16", "--arch", "sm_90"], capsys)
+    code, out, err = run(["compile", *ODD, "--sparsity", "2:4", "--bm", "32", "--wm", "16", "--arch", "sm_90",
+                            "--family", "sparse24"], capsys)
     assert code == 0, err
     assert out.splitlines()[0].startswith("sp24_bf16_nobias_32x128x64_w16x32") and \
         "(W 264x136 2:4 sparse: two of each four along K kept)" in out
+    code, out, err = run(["compile", *ODD, "--sparsity", "2:4", "--arch", "sm_90"], capsys)  # Hopper's own, first
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("hsp24_bf16_nobias_"), out
 
 
 def test_search_without_a_gpu_says_so_after_the_problem_checks(capsys, db, default_store, monkeypatch):

@@ -72,7 +72,7 @@ def test_a_2_4_problem_and_its_family_go_together():
 
 def test_only_the_2_4_families_fit_a_2_4_problem():
     fits = fitting(P24, None)
-    assert [f.family for f in chosen(fits)] == ["sparse24", "hopper_sp24"] and default_family(P24, None) == "sparse24"
+    assert [f.family for f in chosen(fits)] == ["hopper_sp24", "sparse24"] and default_family(P24, None) == "hopper_sp24"
     assert [f.family for f in chosen(fitting(P24, DeviceLimits(sm=80)))] == ["sparse24"]
     why = {f.family: f.why for f in fits}
     assert why["tensorcore"] == ("the tensorcore family has no 2:4 sparse variants; choose --family hopper_sp24 or "

@@ -31,9 +31,11 @@ def _rel(got: torch.Tensor, want64: torch.Tensor) -> float:
 
 
 def _sp24_ran(layer: Sparse24Linear, batch: int, dtype: str, bias: bool | None = None) -> str:
-    """The kernel ``Kernels.used`` names for the layer's forward at ``batch`` rows (asserted a sparse24 one)."""
+    """The kernel ``Kernels.used`` names for the layer's forward at ``batch`` rows, asserted a 2:4 one: the
+    built-in seeds give a Hopper 2:4 kernel from SeedKernels.HOPPER_MIN_M rows on, a sparse24 one below."""
     got = layer.kernels.used(layer.problem(batch, DType(dtype), bias), torch.device("cuda", 0))
-    assert got is not None and got.startswith("sp24_"), got
+    prefix = "hsp24_" if batch >= SeedKernels.HOPPER_MIN_M else "sp24_"
+    assert got is not None and got.startswith(prefix), got
     return got
 
 

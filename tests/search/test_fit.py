@@ -44,4 +44,4 @@ def test_asked_families_keep_their_order_and_simt_computes_16_bit_when_asked():
 
 
 def test_every_family_is_ranked():
-    assert ranked() == ["hopper", "sparse24", "tensorcore", "direct", "hopper_sp24", "simt"]
+    assert ranked() == ["hopper", "hopper_sp24", "sparse24", "tensorcore", "direct", "simt"]
