@@ -21,7 +21,8 @@ Every row names its JSON file, the device, the date of the run and the timing me
   whose own ``"timing"`` says whether the layer's calls ran eagerly or as one captured graph; each
   call or replay is timed alone after an L2 flush.
 - ``engine``: many distinct weight copies (together far past L2) called back to back in one CUDA
-  graph, time per call (``benchmarks.engine``; the method for claims at small batches).
+  graph, time per call (``benchmarks.engine``, ``benchmarks.sparse24``'s decode rows; the method
+  for claims at small batches).
 - ``eager (whole model)``: ``benchmarks.model``'s records, a whole model's prefill or train step
   called eagerly between CUDA events, warm, the dense model and ours in alternating rounds;
   ``benchmarks.sparse_model``'s too (a pruned model against its dense twin), and ``graph (whole
@@ -465,6 +466,35 @@ TABLES: dict[str, Callable[[Path, str], str]] = {
 }
 
 QUALITY_FILES = "sparse-quality-*.json"
+SPARSE24_FILES = "sparse24-*.json"
+
+
+def sparse24(results: Path, base: str) -> str:
+    """benchmarks.sparse24's files: per record ours (the search's best, or the engine phase's kernel)
+    against cuBLAS on the dense masked W and cuSPARSELt on the same 2:4 W, prefill (cold_single)
+    records of every file first, then the engine ones, each in file order. A record without a
+    cuSPARSELt time shows "–"; its ``note`` (why) is listed under the table."""
+    files = sorted(p.name for p in results.glob(SPARSE24_FILES))
+    if not files:
+        return "No result of `python3 -m benchmarks.sparse24` is committed.\n"
+    rows, notes = [], []
+    for kind in ("cold_single", "engine"):
+        for name in files:
+            doc = _load(results, name)
+            for r in (r for r in doc["records"] if r.get("timing", "cold_single") == kind):
+                p, base_of, ratio = r["problem"], r.get("baselines") or {}, r.get("ratio") or {}
+                label = f"{p['dtype']} {shape(p)}, {p.get('sparsity', '2:4')}"
+                rows.append([label, f"`{r['ours'].get('kernel')}`", timed(r["ours"]),
+                             *(timed(base_of[b]) if isinstance(base_of.get(b), dict) else "–"
+                               for b in ("cublas", "cusparselt")),
+                             times(ratio.get("cublas")), times(ratio.get("cusparselt")), *source(doc, r, name, base)])
+                said = [str(r["note"])] if r.get("note") else []
+                if (r.get("check") or {}).get("ok") is False:
+                    said.append("the output check failed, no ratio")
+                notes += [f"- {label} ({kind}), [`{name}`]({base}/{name}): {'; '.join(said)}"] if said else []
+    text = table(["problem", "kernel", "ours µs, median (p20–p80)", "cuBLAS µs (dense masked W), median (p20–p80)",
+                  "cuSPARSELt µs, median (p20–p80)", "cuBLAS ÷ ours", "cuSPARSELt ÷ ours", *TAIL], rows)
+    return text + ("\n" + "\n".join(notes) + "\n" if notes else "") + caveats(results, files, base)
 
 
 @dataclass(frozen=True)
@@ -480,6 +510,22 @@ class WhenMeasured:
 
 
 WHEN_MEASURED: dict[str, WhenMeasured] = {
+    "sparse24": WhenMeasured(sparse24, SPARSE24_FILES, "docs/measurements.md", "### Sparsity: quality", """\
+### 2:4 sparse W
+
+A W pruned 2:4 (two kept of every four along K, density 0.5) on gemmscape's 2:4 kernels, against
+the two ways to run it elsewhere, both timed in the same run on the same pruned W: cuBLAS on the W
+dense with its pruned half zero, and cuSPARSELt through torch's semi-structured tensor
+(`to_sparse_semi_structured`, then `F.linear`). The prefill-shaped rows (`cold_single`) are the
+best kernel of a short `codegen search --sparsity 2:4` per shape and dtype (the budget is in the
+JSON's settings), it and both baselines timed one call at a time with L2 flushed. The decode-shaped
+rows (`engine`: 1 to 64 rows through a layer) are `Sparse24Linear`'s forward on the 2:4 family's
+built-in kernels in engine timing (copies of W together past L2, called back to back in one CUDA
+graph), cuSPARSELt's calls captured alike. A ratio is the baseline's median over ours: above 1,
+ours is faster. `python3 -m benchmarks.sparse24` measures it (`benchmarks/device/sparse24.sh` on a
+lent GPU); where cuSPARSELt could not run a shape, its cells read "–" and the reason is listed
+under the table.
+"""),
     "sparse-quality": WhenMeasured(sparse_quality, QUALITY_FILES, "docs/measurements.md",
                                    "## The linear layer (`codegen.nn`) against `nn.Linear`", """\
 ### Sparsity: quality

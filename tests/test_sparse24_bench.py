@@ -97,3 +97,69 @@ def test_the_device_script_runs_the_three_steps():
     assert "source \"$(dirname \"$0\")/env.sh\"" in text
     for sub in ("benchmarks.sparse24 run", "benchmarks.sparse24 engine", "benchmarks.sparse24 report"):
         assert sub in text
+
+
+# ---- the table of docs/measurements.md ---------------------------------------------------------------------------
+def _made_up_doc() -> dict:
+    """A small sparse24 file: an engine record before a search's (file order), one engine record whose
+    cuSPARSELt could not run (a note, no baseline), one whose output check failed (no ratio)."""
+    def stats(ms):
+        return {"median_ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01}
+
+    engine = {"problem": bench.problem_dict(16, 4096, 4096, "bf16"), "timing": "engine",
+              "ours": {"kernel": "sp24_made_up_engine", **stats(0.02), "rel_error": 1e-3},
+              "baselines": {"cublas": stats(0.04), "cusparselt": stats(0.08)}, "ratio": {"cublas": 2.0, "cusparselt": 4.0},
+              "check": {"ok": True}}
+    no_lt = {**engine, "problem": bench.problem_dict(1, 4096, 4096, "fp16"), "baselines": {"cublas": stats(0.04)},
+             "ratio": {"cublas": 2.0}, "note": "cusparselt: RuntimeError: made up"}
+    wrong = {**engine, "problem": bench.problem_dict(64, 4096, 4096, "bf16"), "ratio": {}, "check": {"ok": False}}
+    search = {"problem": bench.problem_dict(4096, 4096, 4096, "fp16"), "timing": "cold_single",
+              "ours": {"kernel": "hsp24_made_up_search", "family": "hopper_sp24", **stats(0.1)},
+              "baselines": {"cublas": stats(0.125), "cusparselt": stats(0.3)}, "ratio": {"cublas": 1.25, "cusparselt": 3.0}}
+    return {"suite": "sparse24", "date": "2099-01-02T03:04:05Z", "device": "Made Up GPU", "settings": {"budget": 2},
+            "records": [engine, no_lt, search, wrong]}
+
+
+def test_the_measurements_table_puts_prefill_first_and_survives_a_missing_baseline(tmp_path):
+    from benchmarks import measurements
+
+    name = "sparse24-Made_Up_GPU-2099-01-02T030405Z.json"
+    (tmp_path / name).write_text(json.dumps(_made_up_doc()))
+    text = measurements.sparse24(tmp_path, "../benchmarks/results")
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and name in line]
+    assert [row[0] for row in rows] == ["| fp16 4096³, 2:4", "| bf16 16×4096×4096, 2:4", "| fp16 1×4096×4096, 2:4",
+                                        "| bf16 64×4096×4096, 2:4"]
+    assert rows[0][1:7] == ["`hsp24_made_up_search`", "100.0 (99.0–101.0)", "125.0 (123.8–126.2)",
+                            "300.0 (297.0–303.0)", "1.25×", "3.00×"]
+    assert rows[0][7:9] == ["cold_single", "Made Up GPU, 2099-01-02"] and rows[1][7] == "engine"
+    assert rows[2][4] == "–" and rows[2][5:7] == ["2.00×", "–"]  # no cuSPARSELt: said, not a crash
+    assert rows[3][5:7] == ["–", "–"]
+    assert "cusparselt: RuntimeError: made up" in text and "the output check failed" in text
+    assert measurements.sparse24(tmp_path / "none", "x").startswith("No result")
+
+
+def test_the_measurements_page_gets_its_section_once_a_result_exists(tmp_path):
+    from benchmarks import measurements
+
+    results, root = tmp_path / "results", tmp_path / "root"
+    results.mkdir()
+    (root / "docs").mkdir(parents=True)
+    for f in measurements.RESULTS.iterdir():  # the committed results but the 2:4 benchmark's
+        if not f.name.startswith("sparse24-"):
+            (results / f.name).symlink_to(f)
+    page = (measurements.ROOT / "docs" / "measurements.md").read_text()
+    if "### 2:4 sparse W" in page:  # the page as it was before a 2:4 result was committed
+        end = "<!-- measurements:sparse24 end -->\n\n"
+        page = page[:page.index("### 2:4 sparse W")] + page[page.index(end) + len(end):]
+    (root / "docs" / "measurements.md").write_text(page)
+    (root / "README.md").write_text((measurements.ROOT / "README.md").read_text())
+    assert "sparse24" not in measurements.tables(results)
+    name = "sparse24-Made_Up_GPU-2099-01-02T030405Z.json"
+    (results / name).write_text(json.dumps(_made_up_doc()))
+    assert measurements.main(["--root", str(root), "--results", str(results)]) == 0
+    text = (root / "docs" / "measurements.md").read_text()
+    at = text.index("### 2:4 sparse W")
+    assert text.index("## Block-sparse W") < at < text.index("### Sparsity: quality")
+    assert text.count("<!-- measurements:sparse24 end -->") == 1 and "hsp24_made_up_search" in text
+    assert "sparse24" not in (root / "README.md").read_text()
+    assert measurements.main(["--root", str(root), "--results", str(results), "--check"]) == 0  # placed once
