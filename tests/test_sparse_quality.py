@@ -267,8 +267,8 @@ def test_a_2_4_only_run_prunes_2_4_and_fine_tunes_the_dense_control(run):
 
 
 def test_the_quality_table_shows_2_4_rows_of_the_committed_results_and_a_made_up_one(tmp_path):
-    """The committed results (block-sparse rows, written before records named their sparsity) and a
-    made-up file of 2:4 rows: both on the table, the made-up rows named 2:4."""
+    """The committed results (block-sparse rows, some written before records named their sparsity, and
+    2:4 rows) and a made-up file of 2:4 rows: all on the table, one row per pruned one-shot record."""
     committed = sorted(measurements.RESULTS.glob("sparse-quality-*.json"))
     assert committed
     for f in committed:
@@ -289,8 +289,9 @@ def test_the_quality_table_shows_2_4_rows_of_the_committed_results_and_a_made_up
     rows = [line for line in text.splitlines() if line.startswith("| ") and "byte GPT" in line]
     old = [row for row in rows if name not in row]
     assert len(old) == sum(1 for f in committed for r in json.loads(f.read_text())["records"]
-                           if r["problem"]["block"] and r["problem"]["phase"] == "one-shot")
-    assert all(row.split(" | ")[1].startswith("blocks of ") for row in old)
+                           if r["problem"].get("sparsity") != "none" and r["problem"].get("pruned") != "none"
+                           and r["problem"]["phase"] == "one-shot")
+    assert all(row.split(" | ")[1].startswith("blocks of ") or row.split(" | ")[1] == "2:4" for row in old)
     (new,) = [row.split(" | ") for row in rows if name in row]
     assert new[1:7] == ["2:4", "0.50", f"{doc['dense']['bits_per_byte']:.4f}", "1.2345", "1.0789", "1.0555"]
     assert new[8] == "12 / 24"

@@ -42,11 +42,16 @@ def _point(bm, bn, bk, wm, wn, stages, epilogue="smem", group_m=8, split="k1") -
                 group_m=group_m, split=split)
 
 
-#: Starting points, not yet timed on a GPU, each without spills under NVRTC 13.0: a large layer, the
-#: default, a shallow k-tile, batches of 32 and fewer (the last split over K). A search tries them
-#: first; those invalid for a problem cost nothing.
+#: Starting points, each without spills under NVRTC 13.0: a large layer, batches of about 64 (unsplit,
+#: and split over K for a layer too narrow to fill the card), the default, a shallow k-tile, batches
+#: of 32 and fewer (the last split over K). A search tries them first; those invalid for a problem cost
+#: nothing. At M = 64 in engine timing on an H100 (benchmarks/NOTES.md, "2:4 decode at M = 64"), the
+#: 64x64 tiles took 31.5 us on 14336x4096 unsplit and 37.4 us on 4096x14336 split in four, against
+#: 32.3 and 82.7 us for 64x128 unsplit (dense cuBLAS: 42 and 46 us).
 SEEDS = [
     _point(128, 128, 64, 64, 32, 3),
+    _point(64, 64, 64, 32, 32, 4),
+    _point(64, 64, 64, 32, 32, 4, split="k4r"),
     _point(64, 128, 64, 32, 32, 4),
     _point(64, 128, 32, 32, 64, 4),
     _point(32, 64, 128, 16, 32, 4),
