@@ -267,7 +267,8 @@ def test_prune_pattern_2_4_writes_and_load_pruned_restores(tmp_path, capsys):
         "2": {"sparsity": "2:4", "shape": [70, 160], "density": 0.5, "bias": True}}
     from codegen.nn.pruned import load_model_weights, read_patterns
 
-    assert read_patterns(out) == {}  # no block patterns to tune
+    assert {name: (p, info["dtype"], info["shape"]) for name, (p, info) in read_patterns(out).items()} == {
+        "0": ("2:4", "fp32", [160, 96]), "2": ("2:4", "fp32", [70, 160])}  # what tune-model --pruned lists
     reference = load_model_weights(f"{model_file}:mlp")
     model = load_pruned(load_model_weights(f"{model_file}:mlp"), out)
     assert isinstance(model[0], Sparse24Linear) and isinstance(model[2], Sparse24Linear)

@@ -314,3 +314,199 @@ def test_tune_model_lists_dense_and_sparse_shapes_apart():
     both = layer_problems({shape: ["a"], sparse_shape: ["b"]})
     assert len(both) == 6 and sum(p.sparse for p in both) == 3
     assert {p.pattern for p in both if p.sparse} == {sparse_shape.pattern}
+
+
+# ---- 2:4 layers: the forward alone ----------------------------------------------------------------------------
+@pytest.fixture
+def pruned24(tmp_path):
+    """The model file and its layers 0 (W 128x64, no bias) and 4 (W 32x128, a bias) pruned to 2:4 (bf16
+    values), as `codegen prune --pattern 2:4` writes them; layer 2 (W 128x64) stays dense."""
+    (tmp_path / "model.py").write_text(MODEL)
+    target = f"{tmp_path / 'model.py'}:mlp"
+    model = prune_model(load_model_weights(target), None, None, layers=r"^(0|4)$", pattern="2:4")
+    save_pruned(model, tmp_path / "p24.safetensors")
+    return target, tmp_path / "p24.safetensors"
+
+
+def _sp24(batch, out, fin, bias, dtype=DType.bf16):
+    from codegen.problem import Problem
+
+    return Problem(batch, out, fin, dtype, Layout.forward, bias, sparsity="2:4")
+
+
+def test_a_2_4_file_s_layers_are_tuned_as_their_2_4_forward_alone(pruned24, tuned, capsys):
+    from codegen.nn.pruned import sparse24_layers
+
+    target, file = pruned24
+    assert {name: (p, info["dtype"]) for name, (p, info) in read_patterns(file).items()} == {
+        "0": ("2:4", "bf16"), "4": ("2:4", "bf16")}
+    code, _, err = run(["tune-model", target, "--pruned", file, "--batch", "8", "16"], capsys)
+    assert code == 0, err
+    assert "3 linear layers (2 with a 2:4 W), 6 distinct shapes at batches 8, 16" in err
+    assert "  8x64->128 bf16, W 2:4: its forward alone (its grad GEMMs on torch): 0\n" in err
+    assert "the 2:4 layers 0, 4: grad_input and grad_weight not tuned, on torch: a 2:4 W's backward is not " \
+           "generated" in err and err.count("backward is not generated\n") == 1
+    problems = tuned[-1]
+    structured = {p: names for p, names in problems.items() if p.structured}
+    assert structured == {_sp24(b, 128, 64, False): ["0"] for b in (8, 16)} | \
+        {_sp24(b, 32, 128, True): ["4"] for b in (8, 16)}
+    dense = [p for p in problems if not p.structured]
+    assert len(dense) == 2 * 3 and all(problems[p] == ["2"] and not p.sparse for p in dense)
+    # exactly the problems a Sparse24Linear loaded from the file looks its kernel up by
+    model = load_pruned(load_model(target), file)
+    assert set(sparse24_layers(model)) == {"0", "4"}
+    for name, layer in sparse24_layers(model).items():
+        for batch in (8, 16):
+            assert problems[layer.problem(batch, "bf16")] == [name]
+
+
+def test_a_model_holding_sparse24_layers_is_listed_as_the_file_is(pruned24):
+    from codegen.nn.tune import Sparse24Shape
+
+    target, file = pruned24
+    model = load_pruned(load_model(target), file)
+    shapes = linear_layers(model, 4)
+    assert shapes == linear_layers(load_model(target), 4, pruned=read_patterns(file))
+    assert shapes == {Sparse24Shape(4, 64, 128, DType.bf16, False): ["0"], LayerShape(4, 64, 128, DType.bf16, False): ["2"],
+                      Sparse24Shape(4, 128, 32, DType.bf16, True): ["4"]}
+    assert set(layer_problems(shapes)) >= {model[0].problem(4, "bf16"), model[4].problem(4, "bf16")}
+    assert [p.layout for p in layer_problems({s: n for s, n in shapes.items() if isinstance(s, Sparse24Shape)})] == \
+        [Layout.forward, Layout.forward]
+
+
+def test_a_2_4_layer_s_forward_alone_is_no_note_and_its_backward_alone_is_nothing_to_tune(pruned24, tuned, capsys):
+    target, file = pruned24
+    code, _, err = run(["tune-model", target, "--pruned", file, "--batch", "8", "--layout", "forward"], capsys)
+    assert code == 0 and "not tuned" not in err and len(tuned[-1]) == 3
+    code, _, err = run(["tune-model", target, "--pruned", file, "--batch", "8", "--layers", "^(0|4)$",
+                        "--layout", "grad_input", "--layout", "grad_weight"], capsys)
+    assert code == 2 and len(tuned) == 1
+    assert err.strip().splitlines()[-1].endswith("no GEMM to tune: the layers chosen are 2:4, whose backward runs on "
+                                                  "torch (tune their forward)")
+
+
+def test_a_2_4_layer_in_fp32_is_a_one_line_usage_error(pruned24, tuned, capsys, tmp_path):
+    target, file = pruned24
+    code, _, err = run(["tune-model", target, "--pruned", file, "--batch", "8", "--dtype", "fp32"], capsys)
+    assert code == 2 and not tuned and len(err.strip().splitlines()) == 1
+    assert "layer 0 is 2:4 sparse, whose kernels compute fp16 or bf16 only (--dtype fp32): give --dtype bf16 or fp16" in err
+    # an fp32 model pruned to 2:4 keeps fp32 values: the same, until --dtype names what it runs in
+    fp32 = prune_model(load_model_weights(target).float(), None, None, layers="^4$", pattern="2:4")
+    save_pruned(fp32, tmp_path / "f32.safetensors")
+    code, _, err = run(["tune-model", target, "--pruned", tmp_path / "f32.safetensors", "--batch", "8"], capsys)
+    assert code == 2 and not tuned and "layer 4 is 2:4 sparse" in err and "(its values are fp32)" in err
+    code, _, err = run(["tune-model", target, "--pruned", tmp_path / "f32.safetensors", "--batch", "8", "--dtype",
+                        "bf16", "--layers", "^4$"], capsys)
+    assert code == 0, err
+    assert list(tuned[-1]) == [_sp24(8, 32, 128, True)]
+    # a dense layer in fp32 beside it is no error: the model's layers 0 and 2 stay nn.Linear
+    assert LayerShape(8, 64, 128, DType.fp32, False) in linear_layers(load_model(target), 8, DType.fp32, layers="^0$")
+
+
+class _Measurer:
+    """A stand-in GPU measurer on sm_90 (no GPU): what tune and the seeding read of one."""
+
+    def __init__(self, problem):
+        from codegen.spec import DeviceLimits
+
+        self.problem, self.limits = problem, DeviceLimits.for_arch(90)
+        self.device = {"name": DEVICE, "sm": "sm_90"}
+
+    def switch(self, problem):
+        self.problem = problem
+
+    def close(self):
+        pass
+
+
+def test_tune_searches_a_2_4_forward_in_the_2_4_families_and_skips_a_dense_family_asked(monkeypatch):
+    from codegen.nn.tune import Sparse24Shape, tune
+    from search import runner
+
+    searched = []
+
+    class Summary:
+        best, stopped = {"kernel": "k", "tflops": 1.0, "ratio": {}}, "budget reached"
+
+    monkeypatch.setattr(runner, "run_search", lambda problem, space, measurer, **kw: searched.append(
+        (problem, space.family, space.sparsity if hasattr(space, "sparsity") else None)) or Summary())
+    problems = layer_problems({Sparse24Shape(16, 96, 160, DType.bf16, True): ["0"]})
+    assert list(problems) == [_sp24(16, 160, 96, True)]
+    results = tune(problems, None, _Measurer, budget=2, progress=False, say=lambda line: None)
+    assert {f for _, f, _ in searched} == {"sparse24", "hopper_sp24"} and all(r.summary for r in results)
+    searched.clear()
+    lines = []
+    mixed = {**problems, **layer_problems({LayerShape(16, 96, 160, DType.bf16, True): ["1"]})}
+    results = tune(mixed, ["tensorcore", "sparse24"], _Measurer, budget=2, progress=False, say=lines.append)
+    assert {(p.structured, f) for p, f, _ in searched} == {(True, "sparse24"), (False, "tensorcore")}
+    skipped = {(r.problem.structured, r.family) for r in results if r.skipped}
+    assert (True, "tensorcore") in skipped and (False, "sparse24") in skipped
+    assert any(line.startswith(f"skip {_sp24(16, 160, 96, True).key}: the tensorcore family") for line in lines)
+
+
+def test_tune_model_bundles_a_2_4_forward_that_sparse24linear_runs(pruned24, monkeypatch, capsys, tmp_path):
+    """tune-model --pruned --bundle end to end, the search and the GPU REPLACED: the fake search stores
+    the built-in seed kernel with a dense cuBLAS baseline; the bundle's 2:4 forwards are what the
+    file's Sparse24Linear layers find (the compiled kernel REPLACED), their verdicts as for any forward."""
+    from codegen import worker
+    from codegen.cli import layer as cli_layer
+    from codegen.nn import layer as nn_layer
+    from codegen.nn.pruned import sparse24_layers
+    from codegen.nn.timing import engine_candidates
+    from search import parallel, runner
+
+    class Summary:
+        stopped = "budget reached"
+
+        def __init__(self, problem):
+            self.best = {"kernel": "k", "tflops": 1.0, "ratio": {"cublas": 1.5}}
+
+    def search(problem, space, measurer, *, store, **kw):
+        _add(store, problem, 1.0, 1.5 if problem.m > 128 else 2.0)  # ours wins each in its cold single calls
+        return Summary(problem)
+
+    monkeypatch.setattr(worker, "require_gpu", lambda: None)
+    monkeypatch.setattr(cli_layer, "check_cache", lambda: None)
+    monkeypatch.setattr(parallel, "gpu_measurer", lambda problem, *a, **kw: _Measurer(problem))
+    monkeypatch.setattr(runner, "run_search", search)
+    target, file = pruned24
+    out = tmp_path / "bundle"
+    code, stdout, err = run(["tune-model", target, "--pruned", file, "--batch", "16", "256", "--layers", "^(0|4)$",
+                             "--bundle", out, "--db", f"sqlite:///{tmp_path / 't.db'}", "--budget", "2", "--quiet",
+                             "--family", "sparse24"], capsys)
+    assert code == 0, err
+    assert "grad_input and grad_weight not tuned" in err and "no engine timing" in err
+    bundle = Bundle(out)
+    keys = {_sp24(b, n, k, bias).key for b in (16, 256) for n, k, bias in ((128, 64, False), (32, 128, True))}
+    assert {e["key"] for e in bundle.entries} == keys and all(k.endswith("_sp24") for k in keys)
+    assert all(stdout.count(k) == 2 for k in keys)  # a row each in the tuning table and the verdict table
+    assert "wrote 4 kernels" in stdout and "ours won 2, cuBLAS 0, unknown 2" in stdout
+    # the forwards of at most 128 rows are left to engine timing: a cold single win of ours is not trusted
+    assert set(engine_candidates(bundle, DEVICE)) == {_sp24(16, 128, 64, False), _sp24(16, 32, 128, True)}
+    winners = {e["key"]: e["verdict"]["winner"] for e in bundle.entries}
+    assert winners == {k: "unknown" if k.startswith("16x") else "ours" for k in keys}
+    monkeypatch.setattr(nn_layer, "_Compiled", lambda found, problem, device: ("compiled", problem.key))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: DEVICE)
+    cuda = torch.device("cuda", 0)
+    from codegen.nn import replace_linear
+
+    for model in (load_pruned(load_model(target), file, kernels=bundle),
+                  replace_linear(load_pruned(load_model(target), file), bundle)):
+        for layer in sparse24_layers(model).values():
+            assert layer.kernels.source is bundle
+            for batch in (16, 256):
+                problem = layer.problem(batch, "bf16")
+                assert layer.kernels.kernel(problem, cuda) == ("compiled", problem.key)
+
+
+def test_a_2_4_layer_without_its_values_is_a_damaged_file(pruned24, tuned, capsys, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target, file = pruned24
+    with safe_open(str(file), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys() if k != "4.values"}
+    save_file(tensors, str(tmp_path / "damaged.safetensors"), metadata=meta)
+    code, _, err = run(["tune-model", target, "--pruned", tmp_path / "damaged.safetensors", "--batch", "8"], capsys)
+    assert code == 2 and not tuned and len(err.strip().splitlines()) == 1
+    assert "layer 4 is 2:4 but lacks its shape or one of 4.values, 4.metadata" in err and "(a damaged file)" in err

@@ -50,7 +50,8 @@ def register(commands: Commands) -> None:
     add_db_arg(p)
     p.set_defaults(func=cmd_pick_step)
 
-    p = commands.add("tune-model", "tune every nn.Linear of a PyTorch model (identical shapes once); needs torch")
+    p = commands.add("tune-model", "tune every linear layer of a PyTorch model (nn.Linear, block-sparse, 2:4; "
+                     "identical shapes once); needs torch")
     p.add_argument("model", metavar="MODEL", help="FILE.py:FACTORY (called with no arguments) or a module saved "
                    "whole with torch.save (.pt/.pth)")
     p.add_argument("--batch", type=positive_int, required=True, nargs="+",
@@ -58,9 +59,10 @@ def register(commands: Commands) -> None:
     p.add_argument("--dtype", choices=[d.value for d in DType], default=None,
                    help="element type (default: each layer's weight dtype)")
     p.add_argument("--pruned", type=Path, metavar="FILE", default=None,
-                   help="a pruned model of MODEL written by `codegen prune`: the layers it prunes are tuned as their "
-                        "block-sparse GEMMs on the file's patterns (forward, grad_input, sampled grad_weight), the "
-                        "others as dense (default: none)")
+                   help="a pruned model of MODEL written by `codegen prune`: the layers it prunes to blocks are tuned "
+                        "as their block-sparse GEMMs on the file's patterns (forward, grad_input, sampled grad_weight), "
+                        "those it prunes to 2:4 as their 2:4 forward alone (fp16 or bf16; their backward runs on "
+                        "torch), the others as dense (default: none)")
     p.add_argument("--layers", metavar="REGEX", default=None,
                    help="tune only the linear layers whose qualified name this regular expression matches (re.search) "
                         "(default: every one)")
@@ -79,13 +81,14 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
 def add_tune_args(p: argparse.ArgumentParser) -> None:
     """What tune-linear and tune-model share with ``codegen search``, and --layout."""
     p.add_argument("--layout", choices=[layout.value for layout in Layout], action="append", default=None,
-                   help="tune only this GEMM of each layer; repeat it for several (default: all three; "
-                        "inference needs forward alone)")
+                   help="tune only this GEMM of each layer; repeat it for several (default: all three, and a 2:4 "
+                        "layer's forward alone, its backward on torch; inference needs forward alone)")
     p.add_argument("--family", choices=families.names(), action="append", default=None,
                    help="kernel family whose space is searched; repeat it for several (each GEMM is searched in "
                         "each; the store keeps all and a bundle takes the fastest). default: every family that fits "
                         "the GEMM, as codegen search takes them: fp32 simt; fp16 and bf16 hopper (sm_90) and "
-                        "tensorcore, and direct for a block-sparse W; tf32 tensorcore")
+                        "tensorcore, and direct for a block-sparse W; hopper_sp24 (sm_90) and sparse24 for a 2:4 W; tf32 "
+                        "tensorcore. A family that does not compute a GEMM (a dense one for a 2:4 W) skips it")
     p.add_argument("--budget", type=positive_int, default=200, help="evaluated trials per GEMM and family")
     p.add_argument("--sampler", default=DEFAULT_SAMPLER, choices=list(SAMPLERS),
                    help=f"sampler (default {DEFAULT_SAMPLER}, as codegen search)")
@@ -235,7 +238,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError("tune-model reads a PyTorch model: pip install 'gemmscape[torch]'") from None
-    from codegen.nn.tune import SparseShape, layer_problems, linear_layers, load_model
+    from codegen.nn.tune import SPARSE24_BACKWARD, Sparse24Shape, SparseShape, layer_problems, linear_layers, load_model
 
     gpu_unless_replay(args)
     batches = list(dict.fromkeys(args.batch))
@@ -252,15 +255,28 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
         raise Failure(f"{args.model} has no nn.Linear layer")
     layers = sum(len(v) for v in shapes.values()) // len(batches)
     sparse_layers = sum(len(v) for s, v in shapes.items() if isinstance(s, SparseShape)) // len(batches)
+    names24 = list(dict.fromkeys(n for s, v in shapes.items() if isinstance(s, Sparse24Shape) for n in v))
+    kinds = [f"{n} with a {what} W" for n, what in ((sparse_layers, "block-sparse"), (len(names24), "2:4")) if n]
     at = f"batch {batches[0]}" if len(batches) == 1 else f"batches {', '.join(map(str, batches))}"
-    print(f"{layers} linear layer{'s' if layers != 1 else ''}"
-          + (f" ({sparse_layers} with a block-sparse W)" if sparse_layers else "")
+    print(f"{layers} linear layer{'s' if layers != 1 else ''}" + (f" ({', '.join(kinds)})" if kinds else "")
           + f", {len(shapes)} distinct shape{'s' if len(shapes) != 1 else ''} at {at}:", file=sys.stderr)
     for shape, names in shapes.items():
-        shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
-        print(f"  {shape.describe()}: {shown}", file=sys.stderr)
+        print(f"  {shape.describe()}: {_shown(names)}", file=sys.stderr)
     layouts = asked_layouts(args)
-    return run_tuning(args, {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts})
+    backward = [lay for lay in layouts if lay != Layout.forward.value]
+    if names24 and backward:  # said once: a 2:4 layer has its forward GEMM alone
+        print(f"the 2:4 layer{'s' if len(names24) != 1 else ''} {_shown(names24)}: {' and '.join(backward)} not "
+              f"tuned, {SPARSE24_BACKWARD}", file=sys.stderr)
+    problems = {p: v for p, v in layer_problems(shapes).items() if p.layout.value in layouts}
+    if not problems:
+        raise UsageError(f"--layout {', '.join(layouts)}: no GEMM to tune: the layers chosen are 2:4, whose backward "
+                         f"runs on torch (tune their forward)")
+    return run_tuning(args, problems)
+
+
+def _shown(names: list[str]) -> str:
+    """Layer names as a listing shows them: the first four, then how many in all."""
+    return ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
 
 
 def read_pruned_patterns(path: Path) -> dict:

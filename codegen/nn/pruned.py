@@ -182,12 +182,14 @@ def read_pruned(path) -> tuple[dict[str, torch.Tensor], dict]:
 _FILE_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 
 
-def read_patterns(path) -> dict[str, tuple[sparse.Pattern, dict]]:
-    """Each layer a pruned-model file prunes to blocks (2:4 layers are left out): name -> (its pattern, its description from the file's
-    metadata with ``dtype``: its blocks' element type, a codegen.problem.DType value, or the file's
-    own name of one gemmscape has no kernels for). Reads the metadata and the BSR index arrays only,
-    not the weights (what ``codegen tune-model --pruned`` needs). PruneError: not such a file, or a
-    damaged one."""
+def read_patterns(path) -> dict[str, tuple[sparse.Pattern | str, dict]]:
+    """Each layer a pruned-model file prunes: name -> (its pattern, its description from the file's
+    metadata with ``dtype``: its stored values' element type, a codegen.problem.DType value, or the
+    file's own name of one gemmscape has no kernels for). A block-sparse layer's pattern is a
+    codegen.sparse.Pattern; a 2:4 layer's is its sparsity, the text "2:4" (its W's shape is the
+    description's ``shape``, [out, in]). Reads the metadata and the BSR index arrays only, not the
+    weights (what ``codegen tune-model --pruned`` needs). PruneError: not such a file, or a damaged
+    one."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -198,7 +200,15 @@ def read_patterns(path) -> dict[str, tuple[sparse.Pattern, dict]]:
                 raise PruneError(f"{path} is not a pruned model written by `codegen prune` (format {FORMAT})")
             keys = set(f.keys())
             for name, info in json.loads(meta[META_KEY]).items():
-                if info.get("sparsity"):  # a 2:4 layer: no block pattern (its problems name the sparsity)
+                if info.get("sparsity"):  # a 2:4 layer: no block pattern (its problem names the sparsity)
+                    names = [f"{_at(name)}{t}" for t in ("values", "metadata")]
+                    if info["sparsity"] not in PATTERNS or not all(n in keys for n in names) \
+                            or len(info.get("shape", ())) != 2:
+                        raise PruneError(f"{path}: layer {name or '(model)'} is {info['sparsity']} but lacks its "
+                                         f"shape or one of {', '.join(names)}, or gemmscape does not know the "
+                                         f"pattern (a damaged file)")
+                    held = f.get_slice(names[0]).get_dtype()
+                    out[name] = (info["sparsity"], {**info, "dtype": _FILE_DTYPES.get(held, held)})
                     continue
                 names = [f"{_at(name)}{t}" for t in ("indptr", "indices", "blocks")]
                 if not all(n in keys for n in names) or len(info.get("shape", ())) != 2:

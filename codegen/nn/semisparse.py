@@ -194,7 +194,8 @@ class Sparse24Linear(CompressedLinear):
     # ---- running --------------------------------------------------------------------------------------
     def problem(self, batch: int, dtype, bias: bool | None = None) -> Problem:
         """The forward GEMM of this layer at ``batch`` rows of ``dtype`` (a gemmscape DType or its
-        name): what its kernel is looked up by (``codegen search --sparsity 2:4`` tunes it)."""
+        name): what its kernel is looked up by (``codegen tune-model`` tunes it with the model's other layers,
+        ``codegen search --sparsity 2:4`` alone)."""
         bias = self.bias is not None if bias is None else bias
         return Problem(batch, self.out_features, self.in_features, dtype, Layout.forward, bias, sparsity=SPARSITY,
                        density=self.density)

@@ -7,10 +7,13 @@ for, else in every family that fits the problem (``families_for``: search.fit's 
 Hopper's backward GEMMs of rows that break TMA's 16-byte rule, or any Hopper kernel off sm_90:
 search.fit.generated). The store keeps every family's results, and a bundle or codegen.nn takes the
 fastest; one progress bar counts all trials. Finding a model's layers needs torch
-(``linear_layers``): its ``nn.Linear`` layers (``LayerShape``) and its block-sparse ones
+(``linear_layers``): its ``nn.Linear`` layers (``LayerShape``), its block-sparse ones
 (``SparseShape``: a ``codegen.nn.sparse.BlockSparseLinear``, or a layer a pruned-model file names,
 ``codegen tune-model --pruned``), whose three GEMMs are block-sparse problems carrying the block, the
-density and the pattern's hash, so that a bundle holds kernels per pattern.
+density and the pattern's hash, so that a bundle holds kernels per pattern, and its 2:4 ones
+(``Sparse24Shape``: a ``codegen.nn.semisparse.Sparse24Linear``, or a layer a pruned-model file
+prunes to 2:4), whose one GEMM is the forward with ``sparsity="2:4"`` (fp16 or bf16): their backward
+runs on torch by design (Wᵀ is not 2:4 along its own K), so there is nothing of it to tune.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from pathlib import Path
 
 from codegen.problem import DType, Layout, Problem, linear_problems
 
-__all__ = ["LayerShape", "SparseShape", "TuneResult", "families_for", "layer_problems", "linear_layers", "load_model",
-           "tune"]
+__all__ = ["SPARSE24_BACKWARD", "LayerShape", "Sparse24Shape", "SparseShape", "TuneResult", "families_for",
+           "layer_problems", "linear_layers", "load_model", "tune"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,34 @@ class SparseShape:
                 + f", W block-sparse: blocks of {self.block}, density {self.density:.4g}, pattern {self.pattern[:8]}")
 
 
+#: Why a 2:4 layer's grad_input and grad_weight GEMMs are not tuned.
+SPARSE24_BACKWARD = "on torch: a 2:4 W's backward is not generated"
+
+
+@dataclass(frozen=True)
+class Sparse24Shape:
+    """One linear layer whose W is 2:4 sparse (codegen.nn.semisparse.Sparse24Linear) as tuned: batch,
+    in and out features, dtype (fp16 or bf16: the sparse tensor cores'), bias. Its one GEMM is the 2:4
+    forward, the problem ``Sparse24Linear.problem`` looks its kernel up by; its grad_input and
+    grad_weight run on torch (``SPARSE24_BACKWARD``)."""
+
+    batch: int
+    in_features: int
+    out_features: int
+    dtype: DType
+    bias: bool
+    sparsity: str = "2:4"
+
+    def problems(self) -> dict[Layout, Problem]:
+        """The forward GEMM alone (a ValueError for a dtype the 2:4 kernels do not compute)."""
+        return {Layout.forward: Problem(self.batch, self.out_features, self.in_features, self.dtype, Layout.forward,
+                                        self.bias, sparsity=self.sparsity)}
+
+    def describe(self) -> str:
+        return (f"{self.batch}x{self.in_features}->{self.out_features} {self.dtype.value}" + (" +bias" if self.bias else "")
+                + f", W {self.sparsity}: its forward alone (its grad GEMMs on torch)")
+
+
 @dataclass
 class TuneResult:
     """What tuning one problem gave: the search summary, or why it was skipped."""
@@ -92,7 +123,7 @@ class TuneResult:
     family: str = ""
 
 
-def layer_problems(shapes: dict[LayerShape | SparseShape, list[str]]) -> dict[Problem, list[str]]:
+def layer_problems(shapes: dict[LayerShape | SparseShape | Sparse24Shape, list[str]]) -> dict[Problem, list[str]]:
     """Every GEMM of the given layers, each once, with the layers (names) that use it."""
     out: dict[Problem, list[str]] = {}
     for shape, names in shapes.items():
@@ -166,8 +197,15 @@ def tune(problems: dict[Problem, list[str]], families, make_measurer: Callable[[
         asked = (space.family,) if space is not None else (families,) if isinstance(families, str) else \
             tuple(families) if families else families_for(problem)
         for family in asked:
-            space_here = space if space is not None else space_for(family, problem.dtype, restricted,
-                                                                     block=problem.block, layout=problem.layout)
+            try:
+                space_here = space if space is not None else space_for(family, problem.dtype, restricted,
+                                                                         block=problem.block, layout=problem.layout,
+                                                                         sparsity=problem.sparsity)
+            except ValueError as e:  # a family asked for that does not take the problem (a 2:4 W in a dense one)
+                why = str(e)
+                say(f"skip {problem.key}: {why}")
+                results.append(TuneResult(problem, layers, skipped=why, family=family))
+                continue
             why = generated(problem, space_here)
             if why is not None:
                 say(f"skip {problem.key}: the {family} family generates no kernel for it ({why})")
@@ -270,19 +308,21 @@ def load_model(target: str, weights: bool = False):
 
 
 def linear_layers(model, batch: int, dtype: DType | None = None, *, pruned: dict | None = None,
-                  layers: str | None = None) -> dict[LayerShape | SparseShape, list[str]]:
+                  layers: str | None = None) -> dict[LayerShape | SparseShape | Sparse24Shape, list[str]]:
     """Every linear layer of ``model`` (by qualified name) grouped by shape at ``batch`` rows: an
-    ``nn.Linear`` as a ``LayerShape``, a ``BlockSparseLinear`` as a ``SparseShape`` of its pattern,
-    and so is an ``nn.Linear`` that ``pruned`` names (codegen.nn.pruned.read_patterns: a pruned-model
-    file's layers, name -> (pattern, description)). The dtype is ``dtype``, else each layer's weight's
-    (fp32, fp16, bf16; for a pruned layer, its blocks' in the file). ``layers``: only the layers whose
-    name this regular expression matches (re.search). ValueError: a layer ``pruned`` names that the
-    model does not have as a linear layer of that shape, a weight dtype gemmscape has no kernels
-    for, a ``layers`` that is no regular expression or matches no linear layer."""
+    ``nn.Linear`` as a ``LayerShape``, a ``BlockSparseLinear`` as a ``SparseShape`` of its pattern, a
+    ``Sparse24Linear`` as a ``Sparse24Shape``, and so is an ``nn.Linear`` that ``pruned`` names
+    (codegen.nn.pruned.read_patterns: a pruned-model file's layers, name -> (pattern or "2:4",
+    description)). The dtype is ``dtype``, else each layer's weight's (fp32, fp16, bf16; for a pruned
+    layer, its stored values' in the file). ``layers``: only the layers whose name this regular
+    expression matches (re.search). ValueError: a layer ``pruned`` names that the model does not have
+    as a linear layer of that shape, a weight dtype gemmscape has no kernels for (for a 2:4 layer:
+    other than fp16 and bf16), a ``layers`` that is no regular expression or matches no linear layer."""
     import re
 
     import torch
 
+    from codegen.nn.semisparse import Sparse24Linear
     from codegen.nn.sparse import BlockSparseLinear
 
     by_torch = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
@@ -291,23 +331,36 @@ def linear_layers(model, batch: int, dtype: DType | None = None, *, pruned: dict
     except re.error as e:
         raise ValueError(f"--layers {layers!r} is not a regular expression: {e}") from None
     pruned = pruned or {}
-    found = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear | BlockSparseLinear)}
-    for name, (pattern, _info) in pruned.items():
+    found = {name: m for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear | BlockSparseLinear | Sparse24Linear)}
+    for name, (pattern, info) in pruned.items():
         layer = found.get(name)
-        if layer is None or (layer.out_features, layer.in_features) != (pattern.n, pattern.k):
-            raise ValueError(f"the pruned file prunes layer {name or '(model)'} of W {pattern.n}x{pattern.k}, which the "
+        out_f, in_f = info["shape"] if isinstance(pattern, str) else (pattern.n, pattern.k)
+        if layer is None or (layer.out_features, layer.in_features) != (out_f, in_f):
+            raise ValueError(f"the pruned file prunes layer {name or '(model)'} of W {out_f}x{in_f}, which the "
                              f"model does not have as a linear layer of that shape")
-    shapes: dict[LayerShape | SparseShape, list[str]] = {}
+    shapes: dict[LayerShape | SparseShape | Sparse24Shape, list[str]] = {}
     for name, layer in found.items():
         if regex is not None and not regex.search(name):
             continue
-        if name in pruned or isinstance(layer, BlockSparseLinear):
-            pattern, info = pruned[name] if name in pruned else (layer.pattern, {"dtype": layer.blocks.dtype,
-                                                                               "bias": layer.bias is not None})
-            held = info["dtype"]  # a torch dtype (a layer of the model) or a DType value (the file's blocks)
+        if name in pruned or isinstance(layer, BlockSparseLinear | Sparse24Linear):
+            pattern, info = pruned[name] if name in pruned else (
+                "2:4" if isinstance(layer, Sparse24Linear) else layer.pattern,
+                {"dtype": getattr(layer, layer.STORED).dtype, "bias": layer.bias is not None})
+            held = info["dtype"]  # a torch dtype (a layer of the model) or a DType value (the file's values)
             d = dtype or (by_torch.get(held) if not isinstance(held, str) else
                           DType(held) if held in DType._value2member_map_ else None)
-            shape = SparseShape.of(batch, pattern, d, info["bias"]) if d is not None else None
+            if d is None:
+                shape = None
+            elif isinstance(pattern, str):
+                shape = Sparse24Shape(batch, layer.in_features, layer.out_features, d, bool(info["bias"]), pattern)
+                if d not in (DType.fp16, DType.bf16):
+                    given = f"--dtype {d.value}" if dtype else f"its values are {d.value}"
+                    raise ValueError(f"layer {name or '(model)'} is {pattern} sparse, whose kernels compute fp16 or "
+                                     f"bf16 only ({given}): give --dtype bf16 or fp16 (what it runs in, e.g. under "
+                                     f"autocast), or leave it out with --layers")
+            else:
+                shape = SparseShape.of(batch, pattern, d, info["bias"])
         else:
             d = dtype or by_torch.get(layer.weight.dtype)
             shape = LayerShape(batch, layer.in_features, layer.out_features, d, layer.bias is not None) if d else None
