@@ -14,3 +14,16 @@ if missing:
 PY
 export PYTHONUNBUFFERED=1 GEMMSCAPE_CACHE=/tmp/gemmscape-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+
+# step NAME LIMIT_S COMMAND...: the command under a time limit (SIGINT first, so a search or tune-model
+# writes what it stored; SIGKILL 20 s later), its output in $OUT/NAME.log, its exit status and wall time
+# on a line of $OUT/steps.txt; then the log's lines matching STEP_SHOW (an extended regular expression,
+# the last 8) or, without it, the log's last 4 lines.
+step() {
+  local name=$1 limit=$2; shift 2
+  SECONDS=0
+  timeout -s INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in ${SECONDS} s (limit $limit s)" | tee -a "$OUT/$name.log" "$OUT/steps.txt"
+  if [ -n "${STEP_SHOW:-}" ]; then grep -E "$STEP_SHOW" "$OUT/$name.log" | tail -8; else tail -4 "$OUT/$name.log"; fi
+}

@@ -24,14 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)" \
   || { echo "model.sh: transformers is not importable here"; exit 1; }
 
-step() {  # step NAME LIMIT_S COMMAND...: run under a limit (SIGINT first: tune-model then writes what it stored)
-  local name=$1 limit=$2; shift 2
-  SECONDS=0
-  timeout -s INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in ${SECONDS} s (limit $limit s)" | tee -a "$OUT/$name.log" "$OUT/steps.txt"
-  grep -E "^wrote|engine timing|^no engine|Traceback|Error" "$OUT/$name.log" | tail -8
-}
+STEP_SHOW='^wrote|engine timing|^no engine|Traceback|Error'
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   step gpu-tests 120 python3 -m pytest tests/gpu/test_verdict.py -q -p no:cacheprovider -o addopts="" -rfE

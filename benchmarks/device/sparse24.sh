@@ -18,14 +18,6 @@ read -r -a dtypes <<< "${DTYPES:-bf16 fp16}"
 DIR=/tmp/sparse24
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
-step() {  # step NAME LIMIT_S COMMAND...: run under a limit, log in $OUT/NAME.log
-  local name=$1 limit=$2; shift 2
-  SECONDS=0
-  timeout -s INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in ${SECONDS} s (limit $limit s)" | tee -a "$OUT/$name.log" "$OUT/steps.txt"
-  tail -4 "$OUT/$name.log"
-}
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   step gpu-tests 120 python3 -m pytest tests/gpu/test_nn_sparse24.py -q -p no:cacheprovider -o addopts="" -rfE
