@@ -33,10 +33,27 @@ def reply_for(e: BaseException) -> dict:
     return {"status": "worker_crash", "evidence": trace[-2000:], "bug": trace, "restart": True}
 
 
+def process_name(ordinal: int) -> str:
+    """The name the worker of GPU ``ordinal`` gives itself in the OS (``/proc/PID/comm``, what
+    ``pgrep -x`` and ``ps -o comm`` show), so that it can be told from the compile processes."""
+    return f"gemmscape-gpu{ordinal}"[:15]
+
+
+def name_this_process(name: str) -> None:
+    """Set this process's OS name (Linux ``prctl(PR_SET_NAME)``; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(conn, ordinal: int) -> None:
     """Worker process body. Ctrl-C reaches the whole process group: the orchestrator decides,
     so the worker ignores SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_this_process(process_name(ordinal))
     try:
         from codegen.engine import Engine
         from codegen.problem import Problem
@@ -118,7 +135,7 @@ class GpuWorker:
             require_gpu()
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, self.ordinal), daemon=True, name=f"gemmscape-gpu{self.ordinal}")
+        self.proc = ctx.Process(target=_serve, args=(child, self.ordinal), daemon=True, name=process_name(self.ordinal))
         self.proc.start()
         child.close()
         self.conn = parent

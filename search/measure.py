@@ -47,6 +47,7 @@ class GpuMeasurer:
                  compile_workers: int | None = None, ordinal: int = 0) -> None:
         require_gpu()  # before the compile pool starts
         self.problem = problem
+        self.ordinal = ordinal
         self.evaluator = Evaluator(arch=arch, timeout_s=timeout_s, baseline=baseline, ordinal=ordinal,
                                    **({"timing": timing} if timing else {}))
         self.device = self.evaluator.device()

@@ -61,7 +61,11 @@ class ParallelMeasurer:
         self._done: queue.Queue = queue.Queue()
         self._count = 0
         self._lock = threading.Lock()
+        #: Which GPU each worker measures on (its ordinal), what each measured, and which worker
+        #: (index into ``measurers``) measured each kernel, by kernel name.
+        self.ordinals = [getattr(m, "ordinal", i) for i, m in enumerate(measurers)]
         self.measured_by = [0] * len(measurers)
+        self.measured_on: dict[str, int] = {}
         self._threads = [threading.Thread(target=self._drive, args=(i,), name=f"gemmscape-gpu{i}", daemon=True)
                          for i in range(len(measurers))]
         for t in self._threads:
@@ -114,11 +118,16 @@ class ParallelMeasurer:
         if isinstance(done, BaseException):
             raise done
         self.measured_by[i] += 1
+        self.measured_on[done.spec.name] = i
         return done
 
     @property
     def gpu_wait_seconds(self) -> float:
         return sum(getattr(m, "gpu_wait_seconds", 0.0) for m in self.measurers)
+
+    def workers(self) -> dict:
+        """Who measured what: each worker's GPU ordinal and count, and the worker of each kernel."""
+        return {"gpus": list(self.ordinals), "measured": list(self.measured_by), "kernels": dict(self.measured_on)}
 
     def close(self) -> None:
         for inbox in self._inbox:

@@ -256,6 +256,10 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
         ratio = best.get("ratio", {}).get("cublas")
         say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else "")
             + (f"  ({best['family']} family)" if len(summary.families) > 1 else ""))
+    workers = measurer.workers() if hasattr(measurer, "workers") else None
+    if workers:
+        per = zip(workers["gpus"], workers["measured"], strict=True)
+        say("  measured by: " + ", ".join(f"worker {i} (GPU {g}) {n}" for i, (g, n) in enumerate(per)))
     if args.replay and measurer.best:
         say(f"  recorded best {measurer.best['kernel']}  {measurer.best['tflops']:.2f} TFLOP/s")
     if args.replay and store is not None:
@@ -276,7 +280,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
                           "proposals": {"all": summary.proposals, "sampler": summary.sampler_proposals,
                                         "valid": summary.valid_proposals, "new": summary.new_proposals,
                                         "replaced": summary.replaced, "valid_fraction": summary.valid_fraction},
-                          "times_s": summary.times}))
+                          "times_s": summary.times, "workers": workers}))
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -222,6 +222,7 @@ def test_cli_json_summary_says_how_the_proposals_went_and_where_the_time_went(ca
     assert set(doc["times_s"]) == {"sample", "check", "store", "compile_wait", "gpu"}
     assert doc["times_s"]["store"] == 0 and doc["times_s"]["sample"] > 0  # --no-store: nothing stored
     assert sum(doc["times_s"].values()) <= doc["wall_s"]
+    assert doc["workers"] is None and "measured by" not in err  # one measurer: no per-worker split to tell
     assert "unseeded" in err and "% valid" in err
 
 
