@@ -30,7 +30,7 @@ COMMON=(--dir "$DIR" "${SHARE[@]}" --budget "${BUDGET:-48}" --shape "${SHAPE:-81
         --dtype "${DTYPE:-bf16}" --family "${FAMILY-hopper}" --sampler "${SAMPLER:-random}")
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUT/steps.txt"
 
-step() {  # step NAME LIMIT_S ARGS...: one phase under a limit (SIGINT: it writes what it has), then its JSON to $OUT
+run_phase() {  # run_phase NAME LIMIT_S ARGS...: one phase under a limit (SIGINT: it writes what it has), then its JSON to $OUT
   local name=$1 limit=$2; shift 2
   SECONDS=0
   timeout -s INT --kill-after=30 "$limit" python3 -m benchmarks.two_gpus "$name" "$@" >> "$DIR/phases.log" 2>&1
@@ -43,10 +43,10 @@ step() {  # step NAME LIMIT_S ARGS...: one phase under a limit (SIGINT: it write
 
 for phase in ${PHASES:-kill throughput pair}; do
   case $phase in
-    kill) step kill "${T_KILL:-150}" "${COMMON[@]}" --timeout-s $((${T_KILL:-150} - 20)) ;;
-    throughput) step throughput "${T_THROUGHPUT:-220}" "${COMMON[@]}" "${WARM[@]}" \
+    kill) run_phase kill "${T_KILL:-150}" "${COMMON[@]}" --timeout-s $((${T_KILL:-150} - 20)) ;;
+    throughput) run_phase throughput "${T_THROUGHPUT:-220}" "${COMMON[@]}" "${WARM[@]}" \
                   --timeout-s $((${T_THROUGHPUT:-220} - 20)) ;;
-    pair) step pair "${T_PAIR:-110}" "${COMMON[@]}" --timeout-s $((${T_PAIR:-110} - 20)) ;;
+    pair) run_phase pair "${T_PAIR:-110}" "${COMMON[@]}" --timeout-s $((${T_PAIR:-110} - 20)) ;;
   esac
 done
 python3 -m benchmarks.two_gpus report --dir "$DIR" --out "$OUT" 2>&1 | tee -a "$OUT/steps.txt"
