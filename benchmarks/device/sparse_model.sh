@@ -12,19 +12,24 @@
 #     (BUNDLE=DIR: that bundle's kernels instead).
 #  2. where the engine phase ran: the engine phase again on the direct family's seeds first (--seeds direct
 #     tensorcore), the family made for block-sparse W at small batches, which the default seeds do not take.
-# MODE=tune: layer 0's MLP up and down projections tuned on their pruned patterns, then timed.
-#  1. codegen prune benchmarks/model.py:llama3_8b_dims (the benchmark's own weights and patterns) at each density.
-#  2. codegen tune-model --pruned FILE on those two layers' forward GEMMs at M = TUNE_BATCHES (1 16), families
-#     TUNE_FAMILIES (direct tensorcore), budget BUDGET (20) per GEMM and family, into one store and bundle;
-#     forward GEMMs of at most 128 rows are judged again in engine timing, against dense cuBLAS.
-#  3. benchmarks.sparse_model --phases engine --bundle: the tuned kernels against dense cuBLAS in engine timing
-#     (the engine phase only: the bundle holds those two layers' GEMMs, not the whole model's).
+# MODE=tune: pruned layers tuned on their patterns, then timed with the bundle (by default layer 0's MLP up and
+# down projections at decode batches, timed in engine timing).
+#  1. codegen prune benchmarks/model.py:llama3_8b_dims (the benchmark's own weights and patterns) at each density
+#     of DENSITIES (0.25 0.1), the layers TUNE_LAYERS matches (layers\.0\.mlp\.(up|down)_proj; "mlp": all).
+#  2. codegen tune-model --pruned FILE on those layers' GEMMs of TUNE_LAYOUTS (forward) at M = TUNE_BATCHES
+#     (1 16; 2048 is the prefill's and the train step's), families TUNE_FAMILIES (direct tensorcore; add hopper
+#     for 2048 rows), budget BUDGET (20) per GEMM and family, into one store and bundle; forward GEMMs of at
+#     most 128 rows are judged again in engine timing, against dense cuBLAS.
+#  3. benchmarks.sparse_model --phases TIME_PHASES (engine) --bundle: the tuned kernels against dense cuBLAS. The
+#     engine phase needs only the tuned layers; decode, prefill and train want every pruned GEMM they run in
+#     the bundle (TUNE_LAYERS=mlp; else the rest run the built-in seeds, and the records say which ran what).
 # Each step under its own time limit, its log in $OUT/<step>.log and its wall time printed; the JSON records
 # (and in MODE=tune the bundle, tar.gz, and the store, gzipped) come back in $OUT; a short table last.
 # usage (device tool, carry .whl): bash benchmarks/device/sparse_model.sh
 # env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), PHASES (MODE=seeds: "decode prefill train
 #      engine"; e.g. PHASES="decode prefill", about 2-3 minutes), BUDGET (20), TUNE_BATCHES ("1 16"),
-#      TUNE_FAMILIES ("direct tensorcore"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
+#      TUNE_FAMILIES ("direct tensorcore"), TUNE_LAYERS, TUNE_LAYOUTS ("forward"), DENSITIES ("0.25 0.1"),
+#      TIME_PHASES ("engine"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
 #      GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -47,19 +52,23 @@ fi
 
 if [ "$MODE" = tune ]; then
   DB="sqlite:///$OUT/sparse.db"
-  LAYERS='layers\.0\.mlp\.(up|down)_proj'
-  for d in 0.25 0.1; do
+  LAYERS=${TUNE_LAYERS:-'layers\.0\.mlp\.(up|down)_proj'}
+  read -r -a densities <<< "${DENSITIES:-0.25 0.1}"
+  read -r -a time_phases <<< "${TIME_PHASES:-engine}"
+  layouts=(); for l in ${TUNE_LAYOUTS:-forward}; do layouts+=(--layout "$l"); done
+  engine_batches=(); for b in "${tune_batches[@]}"; do [ "$b" -le 128 ] && engine_batches+=("$b"); done
+  for d in "${densities[@]}"; do
     step "prune-$d" "${T_PRUNE:-60}" python3 -m codegen prune benchmarks/model.py:llama3_8b_dims --density "$d" \
       --block 64 --layers "$LAYERS" --out "/tmp/pruned-d$d.safetensors"
   done
-  for d in 0.25 0.1; do
+  for d in "${densities[@]}"; do
     step "tune-$d" "${T_TUNE:-170}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims \
-      --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch "${tune_batches[@]}" --layout forward \
+      --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch "${tune_batches[@]}" "${layouts[@]}" \
       "${tune_families[@]}" --budget "$BUDGET" --db "$DB" --bundle "$OUT/bundle" --quiet
   done
   [ -f "$OUT/bundle/index.json" ] || step export 30 python3 -m codegen export --bundle "$OUT/bundle" --db "$DB"
-  step engine "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases engine --bundle "$OUT/bundle" \
-    --engine-batches "${tune_batches[@]}" --out "$OUT"
+  step timed "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases "${time_phases[@]}" --bundle "$OUT/bundle" \
+    --densities "${densities[@]}" ${engine_batches[0]:+--engine-batches "${engine_batches[@]}"} --out "$OUT"
   rm -f /tmp/pruned-d*.safetensors
   python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" \
     "$OUT/sparse.db" 2>/dev/null
