@@ -25,6 +25,7 @@ from codegen.evaluate import Evaluator
 from codegen.export import export_files
 from codegen.families.hopper_sp24 import Spec
 from codegen.problem import DType, Problem
+from tests import sp24_patterns
 from tests.gpu.test_export_and_search import _launch_from_manifest
 
 pytestmark = pytest.mark.gpu
@@ -88,31 +89,7 @@ def test_a_large_layer_subset(evaluator, dtype):
         assert result["rel_error"] <= dtype.rel_tol
 
 
-def _w_with_positions(n: int, k: int, positions_of, rng) -> np.ndarray:
-    """A 2:4 W [n, k] whose group (row r, group j) keeps the positions ``positions_of(r, j)``, non-zero."""
-    w = np.zeros((n, k), dtype=np.float32)
-    for r in range(n):
-        for j in range(k // 4):
-            for p in positions_of(r, j):
-                w[r, 4 * j + p] = rng.uniform(0.5, 1.5) * rng.choice((-1, 1))
-    return w
-
-
-#: Which positions each group keeps: the same everywhere (01 is the code of a zero group, so a kernel
-#: that ignores its metadata passes it alone), by warp of the warpgroup (rows 16w.. of an m64 block),
-#: by row within a warp (g vs g + 8: the word's halves), by the 16-column half of a k-step (the two
-#: lanes of a pair), by k-step (the descriptors' step and the k-step's word), by group (nibble order), random.
-PATTERNS = {
-    "all-01": lambda r, j: (0, 1),
-    "all-23": lambda r, j: (2, 3),
-    "all-13": lambda r, j: (1, 3),
-    "warps-differ": lambda r, j: [(0, 2), (1, 3), (0, 3), (1, 2)][(r % 64) // 16],
-    "rows-differ": lambda r, j: (0, 2) if r % 16 < 8 else (1, 3),
-    "halves-differ": lambda r, j: (0, 3) if j % 8 < 4 else (1, 2),
-    "steps-differ": lambda r, j: (0, 1) if j % 16 < 8 else (2, 3),
-    "groups-differ": lambda r, j: [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)][j % 6],
-    "random": None,
-}
+PATTERNS = sp24_patterns.PATTERNS
 
 
 #: The kernels the patterns run on: the metadata ring at k-tiles of 64 and 128, and the global loads.
@@ -134,7 +111,7 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern, fields):
     if PATTERNS[pattern] is None:
         w = sparse24.prune24(rng.standard_normal((n, k)).astype(np.float32))
     else:
-        w = _w_with_positions(n, k, PATTERNS[pattern], rng)
+        w = sp24_patterns.w_with_positions(n, k, PATTERNS[pattern], rng)
     w = to_float64(to_storage(w, DType.bf16), DType.bf16).astype(np.float32)  # exact in bf16
     packed = sparse24.compress(w)
     x = to_float64(to_storage(rng.uniform(-1, 1, (m, k)).astype(np.float32), DType.bf16), DType.bf16)

@@ -23,6 +23,7 @@ from codegen.evaluate import Evaluator
 from codegen.export import export_files
 from codegen.families.sparse24 import Spec
 from codegen.problem import DType, Problem
+from tests import sp24_patterns
 from tests.gpu.test_export_and_search import _launch_from_manifest
 
 pytestmark = pytest.mark.gpu
@@ -61,28 +62,9 @@ def test_correct_on_odd_shapes(evaluator, dtype, bias, fields):
         assert result["rel_error"] <= dtype.rel_tol and result["median_ms"] > 0
 
 
-def _w_with_positions(n: int, k: int, positions_of, rng) -> np.ndarray:
-    """A 2:4 W [n, k] whose group (row r, group j) keeps the positions ``positions_of(r, j)``, non-zero."""
-    w = np.zeros((n, k), dtype=np.float32)
-    for r in range(n):
-        for j in range(k // 4):
-            for p in positions_of(r, j):
-                w[r, 4 * j + p] = rng.uniform(0.5, 1.5) * rng.choice((-1, 1))
-    return w
-
-
-#: Which positions each group keeps: the same everywhere (01 is the code of a zero group, so a kernel
-#: that ignores its metadata passes it alone), by row (rows g and g+8 of an instruction differ), by the
-#: 16-column half of an instruction (the two lanes of a pair differ), by group (the nibble order), random.
-PATTERNS = {
-    "all-01": lambda r, j: (0, 1),
-    "all-23": lambda r, j: (2, 3),
-    "all-13": lambda r, j: (1, 3),
-    "rows-differ": lambda r, j: (0, 2) if r % 16 < 8 else (1, 3),
-    "halves-differ": lambda r, j: (0, 3) if j % 8 < 4 else (1, 2),
-    "groups-differ": lambda r, j: [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)][j % 6],
-    "random": None,
-}
+#: The patterns of the mma.sp layout (m16n8k32: no warpgroups; k-tiles split across instructions alike).
+PATTERNS = {name: sp24_patterns.PATTERNS[name] for name in
+            ("all-01", "all-23", "all-13", "rows-differ", "halves-differ", "groups-differ", "random")}
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -97,7 +79,7 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern):
     if PATTERNS[pattern] is None:
         w = sparse24.prune24(rng.standard_normal((n, k)).astype(np.float32))
     else:
-        w = _w_with_positions(n, k, PATTERNS[pattern], rng)
+        w = sp24_patterns.w_with_positions(n, k, PATTERNS[pattern], rng)
     w = to_float64(to_storage(w, DType.bf16), DType.bf16).astype(np.float32)  # exact in bf16
     packed = sparse24.compress(w)
     x = to_float64(to_storage(rng.uniform(-1, 1, (m, k)).astype(np.float32), DType.bf16), DType.bf16)
