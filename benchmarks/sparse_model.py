@@ -35,7 +35,7 @@ Phases (each a record of DESIGN.md's format; model records ``ratio.dense`` = den
   slot); where the installed transformers cannot run it, one line says why (a failed capture is timed
   eagerly and says so). ``non_gemm`` likewise.
 - ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls; ``non_gemm`` likewise.
-- ``train``: one pruned layer (``--train-layer``, default layer 0's MLP down projection) against
+- ``train``: one pruned layer (``--train-layer``, default layer 0's MLP up projection: 2048x14336x4096 at 2048 tokens) against
   ``nn.Linear`` of the same masked W: forward and ``autograd.grad`` for X and W at ``--tokens`` rows,
   eager calls; Y, dX and dW (at the kept blocks) checked against the dense layer's.
 - ``engine``: the sparse GEMMs alone in engine timing (codegen.nn.timing: many BlockSparseLinear
@@ -69,7 +69,7 @@ from codegen.nn.timing import stats
 MODEL = "llama3-8b-dims"
 PHASES = ("decode", "prefill", "train", "engine")
 DEFAULTS = {"densities": [0.25, 0.1], "block": 64, "layers": 2, "vocab": 32000, "decode_batches": [1, 16],
-            "context": 1024, "tokens": 2048, "engine_batches": [1, 16, 64], "train_layer": "model.layers.0.mlp.down_proj"}
+            "context": 1024, "tokens": 2048, "engine_batches": [1, 16, 64], "train_layer": "model.layers.0.mlp.up_proj"}
 TINY_DEFAULTS = {"block": 16, "vocab": 128, "context": 16, "tokens": 32, "engine_batches": [1, 16]}
 #: The pruned layers whose GEMMs the engine phase times: layer 0's MLP up (14336x4096) and down (4096x14336).
 ENGINE_LAYERS = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj")

@@ -20,7 +20,7 @@ def test_the_defaults_are_llama_3_8b_dims_pruned_in_the_mlp():
     assert args.densities == [0.25, 0.1] and args.block == 64 and args.prune == "mlp"
     assert args.decode_batches == [1, 16] and args.engine_batches == [1, 16, 64]
     assert args.phases == ["decode", "prefill", "train", "engine"] and args.rounds >= 6 and args.reps >= args.rounds
-    assert args.train_layer == "model.layers.0.mlp.down_proj"
+    assert args.train_layer == "model.layers.0.mlp.up_proj"
     tiny = bench.parse(["--tiny", "--device", "cpu", "--context", "8"])
     assert (tiny.block, tiny.vocab, tiny.tokens, tiny.context) == (16, 128, 32, 8)
 

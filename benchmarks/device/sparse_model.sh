@@ -20,6 +20,8 @@
 #     (1 16; 2048 is the prefill's and the train step's), families TUNE_FAMILIES (direct tensorcore; add hopper
 #     for 2048 rows), budget BUDGET (20) per GEMM and family, into one store and bundle; forward GEMMs of at
 #     most 128 rows are judged again in engine timing, against dense cuBLAS.
+#     With train in TIME_PHASES, TRAIN_LAYER's (model.layers.0.mlp.up_proj) grad_input and grad_weight GEMMs at
+#     2048 rows are tuned as well.
 #  3. benchmarks.sparse_model --phases TIME_PHASES (engine) --bundle: the tuned kernels against dense cuBLAS. The
 #     engine phase needs only the tuned layers; decode, prefill and train want every pruned GEMM they run in
 #     the bundle (TUNE_LAYERS=mlp; else the rest run the built-in seeds, and the records say which ran what).
@@ -29,11 +31,12 @@
 # env: MODE (seeds|tune), BUNDLE (a bundle folder for MODE=seeds), PHASES (MODE=seeds: "decode prefill train
 #      engine"; e.g. PHASES="decode prefill", about 2-3 minutes), BUDGET (20), TUNE_BATCHES ("1 16"),
 #      TUNE_FAMILIES ("direct tensorcore"), TUNE_LAYERS, TUNE_LAYOUTS ("forward"), DENSITIES ("0.25 0.1"),
-#      TIME_PHASES ("engine"), T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
+#      TIME_PHASES ("engine"), TRAIN_LAYER, T_MODEL/T_DIRECT/T_PRUNE/T_TUNE/T_ENGINE (step limits, s),
 #      GPU_TESTS=1 (first tests/gpu/test_sparse_engine.py, about half a minute more)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 MODE=${MODE:-seeds}
+TRAIN_LAYER=${TRAIN_LAYER:-model.layers.0.mlp.up_proj}
 read -r -a phases <<< "${PHASES:-decode prefill train engine}"
 BUDGET=${BUDGET:-20}
 read -r -a tune_batches <<< "${TUNE_BATCHES:-1 16}"
@@ -66,8 +69,17 @@ if [ "$MODE" = tune ]; then
       --pruned "/tmp/pruned-d$d.safetensors" --layers "$LAYERS" --batch "${tune_batches[@]}" "${layouts[@]}" \
       "${tune_families[@]}" --budget "$BUDGET" --db "$DB" --bundle "$OUT/bundle" --quiet
   done
+  if [[ " ${time_phases[*]} " == *" train "* ]]; then  # the train phase's layer: its backward GEMMs as well
+    for d in "${densities[@]}"; do
+      step "tune-train-$d" "${T_TUNE:-170}" python3 -m codegen tune-model benchmarks/model.py:llama3_8b_dims \
+        --pruned "/tmp/pruned-d$d.safetensors" --layers "${TRAIN_LAYER//./\\.}\$" --batch 2048 \
+        --layout grad_input --layout grad_weight "${tune_families[@]}" --budget "$BUDGET" --db "$DB" \
+        --bundle "$OUT/bundle" --quiet
+    done
+  fi
   [ -f "$OUT/bundle/index.json" ] || step export 30 python3 -m codegen export --bundle "$OUT/bundle" --db "$DB"
   step timed "${T_ENGINE:-120}" python3 -m benchmarks.sparse_model --phases "${time_phases[@]}" --bundle "$OUT/bundle" \
+    --train-layer "$TRAIN_LAYER" \
     --densities "${densities[@]}" ${engine_batches[0]:+--engine-batches "${engine_batches[@]}"} --out "$OUT"
   rm -f /tmp/pruned-d*.safetensors
   python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('pragma wal_checkpoint(TRUNCATE)')" \
