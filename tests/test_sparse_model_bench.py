@@ -277,7 +277,7 @@ def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
         assert rest["gemm_share_ours"] == pytest.approx(1 - rest["median_ms"] / r["ours"]["median_ms"])
     assert "non_gemm" not in train and "scope" not in train["problem"]
     assert len(decode["ours"]["gemms"]["torch"]) == 6  # gate, up and down of 2 layers, each its own pattern
-    assert train["problem"]["layer"] == "model.layers.0.mlp.down_proj" and train["problem"]["layers"] == 1
+    assert train["problem"]["layer"] == "model.layers.0.mlp.up_proj" and train["problem"]["layers"] == 1
     assert set(train["ours"]["check"]) == {"y", "dx", "dw_kept_blocks"} and len(train["ours"]["gemms"]["torch"]) == 3
     written = read_patterns(tmp_path / "pruned" / "pruned-d0.25.safetensors")
     assert {p.hash[:8] for p, _ in written.values()} == {k.rsplit("_", 1)[1] for k in decode["ours"]["gemms"]["torch"]}
