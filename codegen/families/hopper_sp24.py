@@ -38,8 +38,8 @@ looping over output tiles in the grouped order.
 
 ``cluster=2`` launches pairs of blocks as a thread-block cluster along M, as the Hopper family's
 ``cluster`` does: the two blocks of a pair take m-tiles 2i and 2i+1 of the same block column, so they
-read the same W rows, and each block's producer loads half of WC's box (``bn / 2`` rows, whole 8-row
-swizzle groups since bn is a multiple of 64) with a multicast TMA that writes it into both blocks'
+read the same W rows, and each block's producer loads half of WC's box (``bn / 2`` rows, the tensor
+map's box; whole 8-row swizzle groups since bn is a multiple of 64) with a multicast TMA that writes it into both blocks'
 shared memory at the same offset and completes on both blocks' full barriers; the stage's expected
 bytes stay X's box and all of WC's. WC is the operand shared (not X, which pairs along N would share)
 because the grouped order (``block_origin``) walks m-tiles down a block column, so a pair is one
@@ -304,7 +304,7 @@ def _maps(spec: Spec, problem: Problem) -> tuple[TensorMapArg, TensorMapArg]:
         tx = TensorMapArg("TX", "WS", dt, dims=(k, m), pitch=packed_k(8, k) * e, box=(X_BOX, spec.bm), swizzle=128)
     else:
         tx = TensorMapArg("TX", "X", dt, dims=(k, m), pitch=k * e, box=(X_BOX, spec.bm), swizzle=128)
-    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(spec.bk // 2, spec.bn),
+    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(spec.bk // 2, spec.wc_slice_rows),
                        swizzle=spec.bk // 2 * e)
     return tx, twc
 
@@ -355,7 +355,7 @@ def grid_rule(spec: Spec) -> str:
     parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
                  f"{spec.smem_bytes} B; TX and TWC are 2-D tensor maps ({spec.dtype.value}, zero fill): TX over {src}, "
                  f"box ({X_BOX}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
-                 f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.bn}), {spec.bk}-byte swizzle; WE the uint32 "
+                 f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.wc_slice_rows}), {spec.bk}-byte swizzle; WE the uint32 "
                  f"metadata [ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32), 16-byte aligned")
     if cl > 1:
         parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
