@@ -229,6 +229,8 @@ def test_every_sample_compiles_to_sparse_wgmma_fed_by_tma():
         # released to both blocks (remote arrivals)
         assert code[spec.name].count("UTMALDG.2D.MULTICAST") == (spec.cluster > 1), spec.name
         assert others.get("UCGABAR_ARV", 0) == others.get("UCGABAR_WAIT", 0) == (2 if spec.cluster > 1 else 0), spec.name
+        remote = ".RED" in "".join(line for line in code[spec.name].splitlines() if "SYNCS.ARRIVE" in line)
+        assert remote == (spec.cluster > 1) and code[spec.name].count("MEMBAR.ALL.GPU") <= 2, spec.name
         assert others["LDGSTS"] == (spec.bn * spec.k_steps // 128 if spec.meta == "ring" else 0), (spec.name, others)
         assert others["LDL"] == 0 and others["STL"] == 0, spec.name
         report = result.report[spec.name]
