@@ -1,7 +1,8 @@
 """The Hopper 2:4 family (wgmma.mma_async.sp) on the CPU: spec identity and rules, space and seeds,
 launch plans (tensor maps over X or its packed copy and over WC, the metadata WE as a plain argument),
 and the compiler tier (NVRTC 13 for sm_90a): sparse HGMMA (.SP) of N = bm, two TMA loads per k-tile,
-no spills. The metadata layout itself is checked against a numpy model of the instruction in
+no spills; cluster pairs (``cluster=2``): names, rules, plans with the cluster shape and WC's half box,
+and a multicast TMA load with cluster barriers in their SASS. The metadata layout itself is checked against a numpy model of the instruction in
 tests/test_wgmma_sp_model.py; what the instruction computes is for the GPU tier
 (tests/gpu/test_hopper_sp24.py)."""
 
@@ -16,7 +17,7 @@ from codegen import families, sass
 from codegen.export import export_files
 from codegen.families import compile_target
 from codegen.families.hopper_sp24 import ARGS, CONSUMER_REGS, PRODUCER_REGS, Spec, grid_rule, plan
-from codegen.launch import TensorMapArg
+from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Problem
 from codegen.render import render
 from codegen.spec import DeviceLimits
@@ -44,6 +45,19 @@ def test_the_name_is_the_identity():
     assert compile_target(Spec(), "sm_90") == "sm_90a"
 
 
+def test_cluster_names_round_trip_and_one_is_today_s_name():
+    pair = Spec(cluster=2, stages=5, persistent=True, epilogue="smem")
+    assert pair.name == "hsp24_bf16_nobias_128x256x64_s5_c2_g8_p_es_cl2"
+    assert Spec(cluster=1, stages=5, persistent=True, epilogue="smem").name == "hsp24_bf16_nobias_128x256x64_s5_c2_g8_p_es"
+    for spec in (pair, Spec(cluster=2), Spec(cluster=2, dtype=DType.fp16, bias=True, bk=128, stages=3, prepass="pack",
+                                             meta="global"), Spec(cluster=2, bm=16, bn=64, consumers=1)):
+        assert families.spec_from_name(spec.name) == spec and families.spec_from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="not a canonical"):
+        Spec.from_name("hsp24_bf16_nobias_128x256x64_s4_c2_g8_cl1")  # cluster 1 has no suffix
+    with pytest.raises(ValueError):
+        families.spec_from_name("hsp24_bf16_nobias_128x256x64_s4_c2_g8_cl2_es")  # not canonical: _cl2 comes last
+
+
 @pytest.mark.parametrize("fields,needle", [
     (dict(dtype=DType.fp32), "takes bf16, fp16 inputs, not fp32"),
     (dict(bn=96), "takes whole m64 blocks of W"),
@@ -57,6 +71,9 @@ def test_the_name_is_the_identity():
     (dict(bk=128, stages=4), "shared memory"),  # 4 x (32 + 32 + 4) KB
     (dict(bk=128, stages=3, epilogue="smem"), "shared memory"),  # 3 x 68 KB + 2 x 128 x 72 x 2 B
     (dict(epilogue="registers"), "epilogue must be one of"),
+    (dict(cluster=3), "cluster must be one of (1, 2)"),
+    (dict(cluster=0), "cluster must be one of (1, 2)"),
+    (dict(cluster=2, bn=96), "takes whole m64 blocks of W"),
 ])
 def test_invalid_specs_say_why(fields, needle):
     assert any(needle in why for why in Spec(**fields).check()), Spec(**fields).check()
@@ -93,6 +110,44 @@ def test_plan_maps_x_and_wc():
     assert tx.box == (64, 128) and tx.swizzle == 128
     assert twc == TensorMapArg("TWC", "WC", "bf16", dims=(80, 264), pitch=160, box=(64, 256), swizzle=128)
     assert not twc.problems() and "128-byte swizzle; WE" in grid_rule(Spec(bk=128, stages=3))
+
+
+def test_a_pair_plan_counts_blocks_in_whole_clusters_and_halves_wc_s_box():
+    pair = Spec(cluster=2, bias=True)
+    lp = plan(pair, _p24(130, 264, 136, bias=True))  # 2 m-tiles (one pair), 2 n-tiles
+    (launch,) = lp.launches
+    assert launch.grid == (2 * 2, 1, 1) and launch.cluster == (2, 1, 1) and launch.block == (384, 1, 1)
+    assert not launch.persistent
+    tx, twc = lp.tensor_maps
+    assert tx.box == (64, 128) and twc.box == (32, 128) and twc.dims == (80, 264)  # each block loads half of 256 rows
+    assert not tx.problems() and not twc.problems()
+    # 3 m-tiles round up to 2 pairs (the last pair's second block is past M); M = 1: one pair, its second block idle
+    assert plan(pair, _p24(384, 300, 64)).launches[0].grid == (2 * 2 * 2, 1, 1)
+    assert plan(pair, _p24(1, 1, 1)).launches[0].grid == (2, 1, 1)
+    assert plan(Spec(cluster=2, persistent=True), _p24(4096, 4096, 4096)).launches[0].grid == (32 * 16, 1, 1)
+    assert plan(Spec(cluster=2, persistent=True), _p24(4096, 4096, 4096)).launches[0].grid_on(133) == (132, 1, 1)
+    assert plan(Spec(cluster=2, bk=128, stages=3), _p24(64, 64, 64)).tensor_maps[1].box == (64, 128)
+    assert plan(Spec(), _p24(130, 264, 136)).launches[0].cluster == (1, 1, 1)
+    packed = plan(Spec(cluster=2, prepass="pack"), _p24(5, 7, 37))
+    assert [launch.cluster for launch in packed.launches] == [(1, 1, 1), (2, 1, 1)]  # the pack prepass is plain
+    assert LaunchPlan.from_dict(json.loads(json.dumps(lp.to_dict()))) == lp
+    rule = grid_rule(Spec(cluster=2, persistent=True))
+    assert "ceil(M/256)*2 * ceil(N/256)" in rule and "rounded down to a multiple of 2" in rule
+    assert "cuLaunchKernelEx" in rule and "(2, 1, 1)" in rule and "box (32, 128)" in rule
+    assert "cuLaunchKernelEx" not in grid_rule(Spec())
+
+
+def test_a_pair_s_source_multicasts_wc_and_loads_no_box_outside_its_tensor():
+    source = render(Spec(cluster=2))
+    assert "if (m0 < M) {" in source  # the second block of a last, odd pair loads no X
+    assert "const int slices = min(CLUSTER, (N - n0 + WC_SLICE_ROWS - 1) / WC_SLICE_ROWS);" in source
+    assert "const unsigned tx = (m0 < M ? X_BYTES : 0u) + slices * WC_SLICE_BYTES;" in source
+    assert "WC_SLICE_ROWS = 128;" in source and "WC_SLICE_BYTES = 8192;" in source
+    assert "EMPTY_ARRIVALS = 16;" in source and source.count("cluster_sync();") == 2
+    assert source.count("bar_arrive_cluster(empty + 8 * used, lane)") == 2
+    for spec in SAMPLE:
+        if spec.cluster == 1:
+            assert "cluster" not in render(spec).replace("shared::cluster", "").replace("release.cluster", "")
 
 
 def test_shared_memory_counts_the_metadata_ring():
@@ -146,7 +201,12 @@ SAMPLE = [Spec(), Spec(bias=True, dtype=DType.fp16), Spec(bm=64, bn=128, consume
           Spec(meta="global"), Spec(bk=128, stages=3, meta="global"),
           Spec(epilogue="smem"), Spec(bk=128, stages=2, epilogue="smem", bias=True, persistent=True),
           Spec(bm=16, bn=64, consumers=1, epilogue="smem", bias=True, dtype=DType.fp16, prepass="pack"),
-          Spec(bm=256, bn=128, stages=3, epilogue="smem", meta="global")]
+          Spec(bm=256, bn=128, stages=3, epilogue="smem", meta="global"),
+          # cluster pairs along M, WC's box multicast
+          Spec(cluster=2, stages=5, persistent=True, epilogue="smem"), Spec(cluster=2, stages=4, epilogue="smem"),
+          Spec(cluster=2, bk=128, stages=3, bias=True, dtype=DType.fp16, prepass="pack"),
+          Spec(cluster=2, bm=64, bn=128, consumers=1, stages=6, meta="global", persistent=True),
+          Spec(cluster=2, bm=16, bn=64, consumers=1, bias=True)]
 
 
 @pytest.mark.timeout(600)
@@ -165,6 +225,12 @@ def test_every_sample_compiles_to_sparse_wgmma_fed_by_tma():
         # X's boxes of 64 columns (one or two) and WC's; the metadata ring's 16-byte cp.async, bn/16 blocks x
         # bk/32 k-steps x 4 chunks over the 32 loader threads
         assert others["UTMALDG"] == 1 + spec.bk // 64 and others["USETMAXREG"] == 2, spec.name
+        # a pair: WC's half box multicast to both blocks, the cluster barriers at start and end, the stages
+        # released to both blocks (remote arrivals)
+        assert code[spec.name].count("UTMALDG.2D.MULTICAST") == (spec.cluster > 1), spec.name
+        assert others.get("UCGABAR_ARV", 0) == others.get("UCGABAR_WAIT", 0) == (2 if spec.cluster > 1 else 0), spec.name
+        remote = ".RED" in "".join(line for line in code[spec.name].splitlines() if "SYNCS.ARRIVE" in line)
+        assert remote == (spec.cluster > 1) and code[spec.name].count("MEMBAR.ALL.GPU") <= 2, spec.name
         assert others["LDGSTS"] == (spec.bn * spec.k_steps // 128 if spec.meta == "ring" else 0), (spec.name, others)
         assert others["LDL"] == 0 and others["STL"] == 0, spec.name
         report = result.report[spec.name]

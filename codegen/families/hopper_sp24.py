@@ -35,6 +35,28 @@ compression). TMA needs 16-byte row pitches, so when K is not a multiple of 8 a 
 copies X into the workspace with rows padded to 16 bytes (``prepass="pack"``; WC's rows are always
 KP/2 elements, whole 16-byte chunks). ``persistent`` launches one block per multiprocessor, each
 looping over output tiles in the grouped order.
+
+``cluster=2`` launches pairs of blocks as a thread-block cluster along M, as the Hopper family's
+``cluster`` does: the two blocks of a pair take m-tiles 2i and 2i+1 of the same block column, so they
+read the same W rows, and each block's producer loads half of WC's box (``bn / 2`` rows, the tensor
+map's box; whole 8-row swizzle groups since bn is a multiple of 64) with a multicast TMA that writes it into both blocks'
+shared memory at the same offset and completes on both blocks' full barriers; the stage's expected
+bytes stay X's box and all of WC's. WC is the operand shared (not X, which pairs along N would share)
+because the grouped order (``block_origin``) walks m-tiles down a block column, so a pair is one
+block_origin tile of twice bm, the same pairing as the dense family's; X's box and WC's are the same
+size at the default tiles (16 KB each at 128 x 256 x 64), so either would save as much. The metadata is
+copied with ``cp.async``, which cannot multicast: each block's warp 1 keeps copying the (same) words of
+the pair's W rows into its own metadata ring. A stage is refilled only when the consumers of both blocks
+are done with it: each consumer warp arrives on the empty barrier of both blocks (the peer's through its
+shared::cluster address), and the metadata loaders wait on the same barriers. The kernel starts with a
+cluster barrier after the barriers are initialized and ends with one (no block exits while its peer may
+still write into its shared memory or arrive on its barriers). An odd count of m-tiles leaves a last
+pair's second block past M: it loads no X, still loads and multicasts its half of WC, runs its
+consumers on what it has and stores nothing; a half of WC starting past N is loaded by neither block
+(no box lies wholly outside its tensor) and both expect only the bytes that come. The grid counts
+pairs (2 blocks each); a persistent grid strides over pair tiles by the number of pairs launched. The
+launch needs ``cuLaunchKernelEx`` with a cluster dimension of (2, 1, 1)
+(``codegen.launch.KernelLaunch.cluster``).
 Needs sm_90 and compiles for sm_90a.
 """
 
@@ -71,6 +93,8 @@ META_LOADERS = 32
 #: How Yᵀ's accumulators reach Y: "direct" (element by element from registers) or "smem" (an m64 block at
 #: a time through a shared tile per consumer, then Y's rows in 16-byte pieces).
 EPILOGUES = ("direct", "smem")
+#: Blocks per thread-block cluster along M, sharing WC's box by TMA multicast.
+CLUSTERS = (1, 2)
 #: Elements between rows of the epilogue's tile (64 and a 16-byte pad: conflict-free transposing stores).
 EPI_PITCH = 72
 WG = 128
@@ -108,6 +132,8 @@ class Spec(SpecData):
     epilogue: str = field(default="direct", metadata={"choices": EPILOGUES,
                                                       "help": "direct: Y's elements stored from registers; smem: "
                                                               "through a shared tile, Y's rows in 16-byte pieces"})
+    cluster: int = field(default=1, metadata={"help": "blocks per cluster along M sharing WC's box by TMA multicast "
+                                                      "(1 or 2)"})
 
     family: ClassVar[str] = NAME
     block: ClassVar[int] = 0
@@ -118,11 +144,11 @@ class Spec(SpecData):
         return (f"hsp24_{self.dtype.value}_{'bias' if self.bias else 'nobias'}_{self.bm}x{self.bn}x{self.bk}"
                 f"_s{self.stages}_c{self.consumers}_g{self.group_m}{'_p' if self.persistent else ''}"
                 f"{'_pk' if self.prepass == 'pack' else ''}{'_mg' if self.meta == 'global' else ''}"
-                f"{'_es' if self.epilogue == 'smem' else ''}")
+                f"{'_es' if self.epilogue == 'smem' else ''}{f'_cl{self.cluster}' if self.cluster != 1 else ''}")
 
     _NAME = re.compile(r"hsp24_(?P<dtype>bf16|fp16)_(?P<bias>bias|nobias)_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
                        r"_s(?P<stages>\d+)_c(?P<consumers>\d+)_g(?P<group_m>\d+)(?P<persistent>(_p)?)"
-                       r"(?P<prepass>(_pk)?)(?P<meta>(_mg)?)(?P<epilogue>(_es)?)")
+                       r"(?P<prepass>(_pk)?)(?P<meta>(_mg)?)(?P<epilogue>(_es)?)(?:_cl(?P<cluster>\d+))?")
     _MARKS = {"persistent": {"_p": True, "": False}, "prepass": {"_pk": "pack", "": "none"},
               "meta": {"_mg": "global", "": "ring"}, "epilogue": {"_es": "smem", "": "direct"}}
 
@@ -164,6 +190,11 @@ class Spec(SpecData):
         return self.x_bytes + self.wc_bytes
 
     @property
+    def wc_slice_rows(self) -> int:
+        """Rows of WC's box each block of a cluster loads and multicasts (all of it without a cluster)."""
+        return self.bn // self.cluster
+
+    @property
     def meta_bytes(self) -> int:
         """A stage of the metadata ring: WE's words of a k-tile for the tile's m16n8k32 blocks (0: none)."""
         return self.bn // M16N8K32_ROWS * self.k_steps * 16 * 4 if self.meta == "ring" else 0
@@ -190,7 +221,8 @@ class Spec(SpecData):
         """Why this point is invalid (empty when it is valid). Costs no compile."""
         limits = limits or DeviceLimits()
         why = field_rules(self, positive=("bm", "bn", "stages", "consumers", "group_m"),
-                          choices=(("prepass", PREPASSES), ("bk", BKS), ("meta", METAS), ("epilogue", EPILOGUES)))
+                          choices=(("prepass", PREPASSES), ("bk", BKS), ("meta", METAS), ("epilogue", EPILOGUES),
+                                   ("cluster", CLUSTERS)))
         why += dtype_rules(self, DTYPES, " (2:4 sparse tensor cores multiply 16-bit inputs)")
         if why:
             return why
@@ -240,7 +272,9 @@ def template_values(spec: Spec) -> dict:
         meta_offset=spec.stages * spec.stage_bytes, meta_bytes=spec.meta_bytes, meta_loaders=META_LOADERS,
         epi_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes), epi_bytes=spec.epi_bytes, epi_pitch=EPI_PITCH,
         bar_offset=spec.stages * (spec.stage_bytes + spec.meta_bytes) + spec.consumers * spec.epi_bytes,
-        empty_arrivals=4 * spec.consumers,
+        # one arrival per consumer warp of every block of the cluster (each releases a stage to all of them)
+        empty_arrivals=4 * spec.consumers * spec.cluster,
+        wc_slice_rows=spec.wc_slice_rows, wc_slice_bytes=spec.wc_slice_rows * (spec.bk // 2) * it,
         # the full barrier: the producer's arrival with the TMA bytes, and each metadata loader's (cp.async)
         full_arrivals=1 + (META_LOADERS if spec.meta == "ring" else 0),
         # X's boxes: rows of 128 bytes (128-byte swizzle, 8-row groups 1024 bytes apart), a k-step 64 bytes on;
@@ -270,20 +304,23 @@ def _maps(spec: Spec, problem: Problem) -> tuple[TensorMapArg, TensorMapArg]:
         tx = TensorMapArg("TX", "WS", dt, dims=(k, m), pitch=packed_k(8, k) * e, box=(X_BOX, spec.bm), swizzle=128)
     else:
         tx = TensorMapArg("TX", "X", dt, dims=(k, m), pitch=k * e, box=(X_BOX, spec.bm), swizzle=128)
-    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(spec.bk // 2, spec.bn),
+    twc = TensorMapArg("TWC", "WC", dt, dims=(kp // 2, n), pitch=kp // 2 * e, box=(spec.bk // 2, spec.wc_slice_rows),
                        swizzle=spec.bk // 2 * e)
     return tx, twc
 
 
 def plan(spec: Spec, problem: Problem) -> LaunchPlan:
-    tiles = -(-problem.m // spec.bm) * -(-problem.n // spec.bn)
+    """With a cluster, the grid counts blocks in whole clusters: the m-tiles rounded up to pairs."""
+    cl = spec.cluster
+    tiles = -(-problem.m // (cl * spec.bm)) * cl * -(-problem.n // spec.bn)
     launches = []
     if spec.prepass == "pack":
         chunks = problem.m * (packed_k(8, problem.k) // 8)
         launches.append(KernelLaunch(symbol=f"{spec.name}_pack", grid=(-(-chunks // PACK_THREADS), 1, 1),
                                      block=(PACK_THREADS, 1, 1), smem=0, args=PACK_ARGS))
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, 1, 1), block=(spec.threads, 1, 1),
-                                 smem=spec.smem_bytes, args=ARGS, persistent=spec.persistent))
+                                 smem=spec.smem_bytes, args=ARGS, persistent=spec.persistent,
+                                 cluster=(cl, 1, 1)))
     return LaunchPlan(launches=tuple(launches), workspace_bytes=_pack_bytes(problem) if spec.prepass == "pack" else 0,
                       tensor_maps=_maps(spec, problem))
 
@@ -301,8 +338,14 @@ def manifest_sparse(spec: Spec, problem: Problem) -> dict:
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
-    blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+    cl = spec.cluster
+    if cl > 1:
+        tiles = f"ceil(M/{cl * spec.bm})*{cl} * ceil(N/{spec.bn})"
+        blocks = (f"min({tiles}, multiprocessor count) rounded down to a multiple of {cl}" if spec.persistent
+                  else tiles)
+    else:
+        tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
+        blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
     parts = []
     src = "X with dims (K, M), row pitch K*2 bytes (a multiple of 16)"
     if spec.prepass == "pack":
@@ -312,6 +355,9 @@ def grid_rule(spec: Spec) -> str:
     parts.append(f"{spec.name}: grid = ({blocks}, 1, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
                  f"{spec.smem_bytes} B; TX and TWC are 2-D tensor maps ({spec.dtype.value}, zero fill): TX over {src}, "
                  f"box ({X_BOX}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
-                 f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.bn}), {spec.bk}-byte swizzle; WE the uint32 "
+                 f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.wc_slice_rows}), {spec.bk}-byte swizzle; WE the uint32 "
                  f"metadata [ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32), 16-byte aligned")
+    if cl > 1:
+        parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
+                     f"= ({cl}, 1, 1)): each cluster of {cl} consecutive blocks shares WC's tile by TMA multicast")
     return "; ".join(parts)

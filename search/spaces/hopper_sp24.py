@@ -14,7 +14,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     computes no other), as the Hopper family's: block tiles (``bm`` X's rows, wgmma's N; ``bn`` W's
     rows, split over the consumer warpgroups in m64 blocks), the k-tile (``bk`` 64 or 128 dense columns:
     two or four sparse k-steps per ring stage), ring depth, consumers, persistent grid, raster order and
-    the epilogue (Yᵀ stored from registers, or through shared memory as 16-byte pieces of Y's rows).
+    the epilogue (Yᵀ stored from registers, or through shared memory as 16-byte pieces of Y's rows) and
+    ``cluster`` (2: pairs of blocks along M, WC's box multicast by TMA to both).
     The pack prepass is not sampled: it is on exactly when K breaks TMA's 16-byte row pitch
     (``to_spec``); nor is the metadata path (``meta``: the ring, the family's default)."""
     if block:
@@ -31,25 +32,27 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "persistent": (False, True),
         "group_m": (1, 4, 8, 16),
         "epilogue": ("direct", "smem"),
+        "cluster": (1, 2),
     }
     return Space(NAME, dims)
 
 
 #: A narrowing small enough to sweep exhaustively on a GPU in minutes.
 RESTRICTED = dict(bm=(64, 128, 256), bn=(128, 256), bk=(64, 128), stages=(3, 4, 5), consumers=(2,),
-                  persistent=(False, True), group_m=(8,), epilogue=("direct", "smem"))
+                  persistent=(False, True), group_m=(8,), epilogue=("direct", "smem"), cluster=(1, 2))
 
 
-def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64, epilogue="direct") -> dict:
+def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64, epilogue="direct", cluster=1) -> dict:
     return dict(bm=bm, bn=bn, bk=bk, stages=stages, consumers=consumers, persistent=persistent, group_m=group_m,
-                epilogue=epilogue)
+                epilogue=epilogue, cluster=cluster)
 
 
 #: Starting points, each without spills under NVRTC 13.0 for sm_90a, fastest first as timed on an H100
 #: (bf16, 4096^3 and 2048x14336x4096, one call, L2 flushed; benchmarks/NOTES.md, "metadata ring"): the
 #: large tile with the epilogue through shared memory, persistent with a ring of five (the best of a
 #: 40-trial search at both shapes: 0.132 and 0.224 ms), and with four (0.140 and 0.238 ms), then without
-#: it, persistent, with k-tiles of 128 (0.152-0.158, 0.262-0.273); then narrower tiles and a batch of 16 to 64.
+#: it, persistent, with k-tiles of 128 (0.152-0.158, 0.262-0.273); then narrower tiles and a batch of 16 to 64;
+#: last, not yet timed, the best two as cluster pairs (WC's box multicast, half the L2 reads of W).
 SEEDS = [
     _point(128, 256, 5, 2, True, epilogue="smem"),
     _point(128, 256, 4, 2, False, epilogue="smem"),
@@ -63,6 +66,8 @@ SEEDS = [
     _point(128, 256, 2, 2, True, bk=128, epilogue="smem"),
     _point(64, 128, 6, 1, True, group_m=4),
     _point(16, 128, 6, 2, False, group_m=4),
+    _point(128, 256, 5, 2, True, epilogue="smem", cluster=2),
+    _point(128, 256, 4, 2, False, epilogue="smem", cluster=2),
 ]
 
 

@@ -1,10 +1,13 @@
 """GPU tier for the Hopper 2:4 family (2:4 W on wgmma.mma_async.sp m64nNk32): correct against float64
 of X·(masked W)ᵀ (+ b) on odd shapes (M, N, K = 1; K = 5 and 37; 130x264x136; part of a 4096^3
-layer), bf16 and fp16, with and without bias (the evaluation's own validation, outputs poisoned with
+layer; 300x200x72: three m-tiles of 128), bf16 and fp16, with and without bias (the evaluation's own validation, outputs poisoned with
 NaN); metadata patterns chosen to tell a wrong metadata layout (which rows, lanes, nibbles) from a
 wrong value layout or descriptor, on both metadata paths (the ring, the global loads) and both
-k-tiles (64, 128: the kept halves 64- or 128-byte swizzled), and both epilogues; an export run from its manifest alone; bench against cuBLAS at
-4096^3 and a tiny search through the command line.
+k-tiles (64, 128: the kept halves 64- or 128-byte swizzled), and both epilogues; cluster pairs along M
+(WC's box multicast) on the same shapes, where M = 1, 5, 32 or 300 gives an odd count of m-tiles at
+bm = 128 (and 130, 300 at bm = 64; 67, 130, 300 at bm = 16: a last pair's second block past M) and N < bn/2
+a half of WC wholly past N; an export run from its
+manifest alone; bench against cuBLAS at 4096^3 and a tiny search through the command line.
 
 The CPU tier checks the kernel's metadata loads and the packer against the instruction as the PTX
 ISA describes it (tests/test_wgmma_sp_model.py); this tier checks that description, and the shared
@@ -32,7 +35,7 @@ pytestmark = pytest.mark.gpu
 
 QUICK = {"reps_min": 3, "reps_max": 3, "target_ms": 1.0}
 SHAPES = [(1, 1, 1), (1, 64, 5), (3, 17, 5), (5, 37, 37), (67, 45, 91), (130, 264, 136), (32, 4096, 4096),
-          (1000, 1030, 1048)]
+          (1000, 1030, 1048), (300, 200, 72)]
 VARIANTS = [
     {},  # the default: 128 x 256, two consumers of 128 of W's rows (two m64 blocks each)
     dict(bm=64, bn=128, consumers=1, stages=6),
@@ -53,9 +56,18 @@ VARIANTS = [
     dict(epilogue="smem", bk=128, stages=2, persistent=True),
     dict(epilogue="smem", bm=16, bn=64, consumers=1, stages=3, group_m=1),
     dict(epilogue="smem", bm=256, bn=128, stages=3, persistent=True, meta="global"),
+    # cluster pairs along M sharing WC's box (each block multicasts half): persistent and not, both k-tiles,
+    # both metadata paths and epilogues, one consumer of 64 rows (halves of 32 rows)
+    dict(cluster=2),
+    dict(cluster=2, stages=5, persistent=True, epilogue="smem"),
+    dict(cluster=2, bk=128, stages=3, persistent=True),
+    dict(cluster=2, bm=64, bn=128, consumers=1, stages=6, meta="global"),
+    dict(cluster=2, bm=16, bn=64, consumers=1, stages=2, group_m=1, persistent=True, epilogue="smem"),
 ]
+CLUSTER = len(VARIANTS) - 5  # the first pair variant
 CASES = ([(DType.bf16, bias, v) for v in VARIANTS for bias in (False, True)]
-         + [(DType.fp16, bias, v) for v in VARIANTS[:3] + VARIANTS[5:6] + VARIANTS[11:12] for bias in (False, True)])
+         + [(DType.fp16, bias, v) for v in VARIANTS[:3] + VARIANTS[5:6] + VARIANTS[11:12] + VARIANTS[CLUSTER:CLUSTER + 2]
+            for bias in (False, True)])
 
 
 def _spec(dtype, bias, fields, k):
@@ -83,7 +95,9 @@ def test_a_large_layer_subset(evaluator, dtype):
     """4096^3's W with a batch of 256 rows of X (the full layer is the bench below)."""
     problem = Problem(256, 4096, 4096, dtype, bias=True, sparsity="2:4")
     for spec in (Spec(dtype=dtype, bias=True), Spec(dtype=dtype, bias=True, bm=256, bn=128, persistent=True),
-                 Spec(dtype=dtype, bias=True, bk=128, stages=3), Spec(dtype=dtype, bias=True, epilogue="smem")):
+                 Spec(dtype=dtype, bias=True, bk=128, stages=3), Spec(dtype=dtype, bias=True, epilogue="smem"),
+                 Spec(dtype=dtype, bias=True, stages=5, persistent=True, epilogue="smem", cluster=2),
+                 Spec(dtype=dtype, bias=True, epilogue="smem", cluster=2)):
         result, _ = evaluator.evaluate(spec, problem)
         assert result["status"] == "ok", f"{spec.name}: {result['evidence']}"
         assert result["rel_error"] <= dtype.rel_tol
@@ -124,7 +138,8 @@ def test_metadata_patterns_tell_layout_errors_apart(pattern, fields):
     assert err < DType.bf16.rel_tol, f"{spec.name}, {pattern}: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("fields", [{}, dict(bk=128), dict(epilogue="smem")], ids=["bk64", "bk128", "smem-epilogue"])
+@pytest.mark.parametrize("fields", [{}, dict(bk=128), dict(epilogue="smem"), dict(cluster=2)],
+                         ids=["bk64", "bk128", "smem-epilogue", "cluster-pair"])
 @pytest.mark.parametrize("dtype", [DType.bf16, DType.fp16])
 def test_an_export_runs_from_its_manifest_alone(dtype, fields):
     problem = Problem(67, 45, 91, dtype, bias=True, sparsity="2:4")
