@@ -192,6 +192,19 @@ def launched_grid(grid, persistent: bool | int, cluster, sms: int) -> tuple[int,
     return (max(cl, min(grid[0], sms * int(persistent)) // cl * cl), *grid[1:])
 
 
+def blocks_rule(bm: int, bn: int, cluster: int, persistent: bool, ctas: int = 1) -> str:
+    """A tiled kernel's grid along x in words (export manifests): its tiles of bm x bn over M x N, the
+    m-tiles rounded up to whole clusters; a persistent kernel at most ``ctas`` blocks per multiprocessor,
+    in whole clusters (``launched_grid``)."""
+    if cluster > 1:
+        tiles = f"ceil(M/{cluster * bm})*{cluster} * ceil(N/{bn})"
+        return (f"min({tiles}, multiprocessor count) rounded down to a multiple of {cluster}" if persistent
+                else tiles)
+    tiles = f"ceil(M/{bm}) * ceil(N/{bn})"
+    per_sm = f"{ctas} x " if ctas > 1 else ""
+    return f"min({tiles}, {per_sm}multiprocessor count)" if persistent else tiles
+
+
 def _persistent(value) -> bool | int:
     """``KernelLaunch.persistent`` read back from a dict: a flag, or the blocks per multiprocessor."""
     return value if isinstance(value, bool) else int(value)

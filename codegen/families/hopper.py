@@ -92,6 +92,7 @@ from codegen.launch import (
     KernelLaunch,
     LaunchPlan,
     TensorMapArg,
+    blocks_rule,
     db_launch,
     db_rule,
     layout_args,
@@ -544,15 +545,7 @@ def grid_rule(spec: Spec) -> str:
         pitch = f"KP*{e}"
     else:
         src_x, src_w, pitch = "X", "W", f"K*{e}"
-    cl = spec.cluster
-    if cl > 1:
-        tiles = f"ceil(M/{cl * spec.bm})*{cl} * ceil(N/{spec.bn})"
-        blocks = (f"min({tiles}, multiprocessor count) rounded down to a multiple of {cl}" if spec.persistent
-                  else tiles)
-    else:
-        tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
-        per_sm = f"{spec.ctas} x " if spec.ctas > 1 else ""
-        blocks = f"min({tiles}, {per_sm}multiprocessor count)" if spec.persistent else tiles
+    blocks = blocks_rule(spec.bm, spec.bn, spec.cluster, spec.persistent, spec.ctas)
     head = (f"{spec.name}: grid = ({blocks}, {spec.split_k}, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
             f"{spec.smem_bytes} B")
     if spec.block:
@@ -576,7 +569,7 @@ def grid_rule(spec: Spec) -> str:
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "
                      f"(a multiple of 16), boxes ({spec.bk}, {spec.bm}) and ({spec.bk}, {spec.w_slice_rows}); "
                      f"X, W and WS 16-byte aligned")
-    if cl > 1:
+    if (cl := spec.cluster) > 1:
         parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
                      f"= ({cl}, 1, 1)): each cluster of {cl} consecutive blocks shares W's tile by TMA multicast")
     if spec.bias and spec.layout is Layout.grad_weight:

@@ -66,7 +66,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from codegen.launch import SP24_ARGS_NOTE, KernelLaunch, LaunchPlan, TensorMapArg, packed_k
+from codegen.launch import SP24_ARGS_NOTE, KernelLaunch, LaunchPlan, TensorMapArg, blocks_rule, packed_k
 from codegen.problem import DType, Problem
 from codegen.sparse24 import K_ALIGN, M16N8K32_ROWS, M64NNK32_ROWS, padded_k
 from codegen.spec import DeviceLimits, SpecData, dtype_rules, field_rules, problem_rules, smem_rules, thread_rules
@@ -338,14 +338,7 @@ def manifest_sparse(spec: Spec, problem: Problem) -> dict:
 
 def grid_rule(spec: Spec) -> str:
     """How to launch this variant on any M, N, K, in words (export manifests carry it)."""
-    cl = spec.cluster
-    if cl > 1:
-        tiles = f"ceil(M/{cl * spec.bm})*{cl} * ceil(N/{spec.bn})"
-        blocks = (f"min({tiles}, multiprocessor count) rounded down to a multiple of {cl}" if spec.persistent
-                  else tiles)
-    else:
-        tiles = f"ceil(M/{spec.bm}) * ceil(N/{spec.bn})"
-        blocks = f"min({tiles}, multiprocessor count)" if spec.persistent else tiles
+    blocks = blocks_rule(spec.bm, spec.bn, spec.cluster, spec.persistent)
     parts = []
     src = "X with dims (K, M), row pitch K*2 bytes (a multiple of 16)"
     if spec.prepass == "pack":
@@ -357,7 +350,7 @@ def grid_rule(spec: Spec) -> str:
                  f"box ({X_BOX}, {spec.bm}), 128-byte swizzle; TWC over WC [N][KP/2] (KP = ceil(K/32)*32) with dims "
                  f"(KP/2, N), row pitch KP bytes, box ({spec.bk // 2}, {spec.wc_slice_rows}), {spec.bk}-byte swizzle; WE the uint32 "
                  f"metadata [ceil(N/16)][KP/32][16] (codegen.sparse24.metadata_m16n8k32), 16-byte aligned")
-    if cl > 1:
+    if (cl := spec.cluster) > 1:
         parts.append(f"a thread-block cluster launch (cuLaunchKernelEx, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION "
                      f"= ({cl}, 1, 1)): each cluster of {cl} consecutive blocks shares WC's tile by TMA multicast")
     return "; ".join(parts)
