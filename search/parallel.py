@@ -125,7 +125,7 @@ class ParallelMeasurer:
     def gpu_wait_seconds(self) -> float:
         return sum(getattr(m, "gpu_wait_seconds", 0.0) for m in self.measurers)
 
-    def workers(self) -> dict:
+    def worker_report(self) -> dict:
         """Who measured what: each worker's GPU ordinal and count, and the worker of each kernel."""
         return {"gpus": list(self.ordinals), "measured": list(self.measured_by), "kernels": dict(self.measured_on)}
 

@@ -256,7 +256,7 @@ def _report(say, args: argparse.Namespace, problem: Problem, summary, measurer, 
         ratio = best.get("ratio", {}).get("cublas")
         say(f"  best {best['kernel']}  {best['tflops']:.2f} TFLOP/s" + (f"  {ratio:.3f}x cuBLAS" if ratio else "")
             + (f"  ({best['family']} family)" if len(summary.families) > 1 else ""))
-    workers = measurer.workers() if hasattr(measurer, "workers") else None
+    workers = measurer.worker_report() if hasattr(measurer, "worker_report") else None
     if workers:
         per = zip(workers["gpus"], workers["measured"], strict=True)
         say("  measured by: " + ", ".join(f"worker {i} (GPU {g}) {n}" for i, (g, n) in enumerate(per)))

@@ -47,7 +47,7 @@ def test_one_study_runs_one_worker_per_gpu(tmp_path: Path) -> None:
     assert all(n > 0 for n in m.measured_by) and sum(m.measured_by) == 30, m.measured_by
     names = [r["kernel"] for r in store.trials() if r["status"] != "invalid"]
     assert len(names) == len(set(names)) == 30
-    workers = m.workers()  # which worker (on which GPU) measured each kernel: `codegen search --json`'s "workers"
+    workers = m.worker_report()  # which worker (on which GPU) measured each kernel: `codegen search --json`'s "workers"
     assert workers["gpus"] == [0, 1, 2] and workers["measured"] == m.measured_by
     assert set(workers["kernels"]) >= set(names)
     assert [sum(w == i for w in workers["kernels"].values()) for i in range(3)] == m.measured_by
