@@ -356,3 +356,16 @@ def test_a_recording_without_hashes_says_so_and_reuses_nothing(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "does not say which source each result measured" in out.stderr
+
+
+def test_a_measurer_whose_workers_is_its_compile_pool_reports_no_split(capsys, monkeypatch):
+    """The local GPU measurer's ``workers`` is its compile pool's size: the summary's per-worker split
+    comes from ``worker_report()`` (the parallel measurer's) and nothing else."""
+    from search.measure import ReplayMeasurer
+    from tests.test_cli_errors import run
+
+    monkeypatch.setattr(ReplayMeasurer, "workers", 3, raising=False)
+    code, out, err = run(["search", "--m", "4096", "--n", "4096", "--k", "4096", "--replay", str(RECORDING),
+                          "--budget", "4", "--no-store", "--json"], capsys)
+    assert code == 0, err
+    assert "measured by" not in err and '"workers": null' in out
