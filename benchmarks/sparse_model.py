@@ -37,7 +37,9 @@ Phases (each a record of DESIGN.md's format; model records ``ratio.dense`` = den
 - ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls; ``non_gemm`` likewise.
 - ``train``: one pruned layer (``--train-layer``, default layer 0's MLP up projection: 2048x14336x4096 at 2048 tokens) against
   ``nn.Linear`` of the same masked W: forward and ``autograd.grad`` for X and W at ``--tokens`` rows,
-  eager calls; Y, dX and dW (at the kept blocks) checked against the dense layer's.
+  eager calls; Y, dX and dW (at the kept blocks) checked against the dense layer's. On a GPU the record's
+  ``kernel_profile`` says where each side's GPU time goes: its kernels' µs per step under torch's profiler
+  (benchmarks.sparse_phases.kernel_profile), apart from the timing.
 - ``engine``: the sparse GEMMs alone in engine timing (codegen.nn.timing: many BlockSparseLinear
   copies, their kept blocks together past L2, called back to back in one CUDA graph, against
   ``F.linear`` on each copy's dense W), M = ``--engine-batches`` for layer 0's up (14336x4096) and
@@ -328,13 +330,20 @@ def train_record(args, density, twin, layers, kernels, device, say) -> dict:
     (y0, dx0, dw0), (y1, dx1, dw1) = dense(), ours()
     kept = dense_to_blocks(dw0, sparse_layer.rows, sparse_layer.cols, sparse_layer.block)
     checks = {"y": ph.check(y0, y1), "dx": ph.check(dx0, dx1), "dw_kept_blocks": ph.check(kept, dw1)}
-    times = ph.alternate({"dense": dense, "ours": ours}, args.reps, args.rounds, device.type == "cuda")
+    cuda = device.type == "cuda"
+    times = ph.alternate({"dense": dense, "ours": ours}, args.reps, args.rounds, cuda)
+    profiled = {"ours": ph.kernel_profile(ours), "dense": ph.kernel_profile(dense)} if cuda else None
     sparse_layer.eval()
     prob = problem(args, "train", density, 1, args.tokens, layer=name)
     prob["layers"] = 1  # one layer's step, not the model's
     r = record(prob, times["ours"], times["dense"], "eager",
                gemm_report(kernels, {name: sparse_layer}, "train", args.tokens, device, args.dtype), checks)
     say(line(r))
+    if profiled:  # where each side's GPU time goes (torch's profiler; not the timing above)
+        r["kernel_profile"] = profiled
+        for side, got in profiled.items():
+            say(f"  {side}: kernels {got['total_us']:.1f} us a step: " + ", ".join(
+                f"{k['kernel'][:48]} {k['us_per_step']:.1f}" for k in got["kernels"][:5]))
     return r
 
 

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 
 __all__ = ["SCOPE", "DecodeError", "alternate", "cache_argument", "check", "decode_call", "decoder", "graphed",
-           "layer_train_call", "no_gemm_model", "no_gemm_stub", "prefill_call", "pruned_pair", "rewind",
+           "kernel_profile", "layer_train_call", "no_gemm_model", "no_gemm_stub", "per_kernel", "prefill_call",
+           "pruned_pair", "rewind",
            "static_cache", "stub_linears"]
 
 #: The final hidden states of ours against the dense twin's (the same masked W): close elementwise at
@@ -284,6 +285,39 @@ def layer_train_call(layer, weight, tokens: int, device, dtype, seed: int) -> tu
         return y, dx, dw
 
     return step, (x, dy)
+
+
+# ---- where a step's GPU time goes ---------------------------------------------------------------------------
+#: Kernels listed per side (the rest are summed under ``others_us``).
+PROFILE_TOP = 8
+
+
+def per_kernel(events, steps: int, top: int = PROFILE_TOP) -> dict:
+    """The GPU kernels among profiler averages (``key``, ``device_type``, ``device_time_total`` in µs and
+    ``count``; CPU ops, which also carry their kernels' time, are left out): µs and launches per step of
+    the ``top`` longest, the rest summed, and the total."""
+    rows = sorted(((e.key, e.device_time_total / steps, e.count / steps) for e in events
+                   if str(e.device_type).endswith("CUDA") and e.device_time_total > 0), key=lambda r: -r[1])
+    return {"kernels": [{"kernel": k, "us_per_step": round(us, 2), "calls_per_step": round(n, 2)}
+                        for k, us, n in rows[:top]],
+            "others_us": round(sum(us for _, us, _ in rows[top:]), 2),
+            "total_us": round(sum(us for _, us, _ in rows), 2)}
+
+
+def kernel_profile(fn: Callable[[], object], steps: int = 10) -> dict:
+    """``fn`` run ``steps`` times (after one untimed call) under torch's profiler: its GPU kernels' time
+    per step (``per_kernel``); the launches of gemmscape's kernels through the driver are traced like
+    torch's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    return per_kernel(prof.key_averages(), steps)
 
 
 # ---- checks ----------------------------------------------------------------------------------------------

@@ -100,6 +100,22 @@ def test_each_side_goes_first_in_half_the_rounds():
     assert starts == ["d", "o"] * 3
 
 
+def test_the_kernel_profile_keeps_gpu_kernels_per_step_longest_first():
+    from types import SimpleNamespace as E
+
+    from benchmarks import sparse_phases as ph
+
+    events = [E(key="aten::mm", device_type="DeviceType.CPU", device_time_total=900.0, count=20),  # its kernels' sum
+              E(key="hsp24_fwd", device_type="DeviceType.CUDA", device_time_total=400.0, count=10),
+              E(key="gemm_dx", device_type="DeviceType.CUDA", device_time_total=1200.0, count=10),
+              E(key="memset", device_type="DeviceType.CUDA", device_time_total=30.0, count=20),
+              E(key="idle", device_type="DeviceType.CUDA", device_time_total=0.0, count=1)]
+    got = ph.per_kernel(events, steps=10, top=2)
+    assert [k["kernel"] for k in got["kernels"]] == ["gemm_dx", "hsp24_fwd"]
+    assert got["kernels"][0] == {"kernel": "gemm_dx", "us_per_step": 120.0, "calls_per_step": 1.0}
+    assert got["others_us"] == 3.0 and got["total_us"] == 163.0
+
+
 def test_rewind_sets_each_cache_layer_back_to_the_context():
     torch = pytest.importorskip("torch")
     from benchmarks import sparse_phases as ph
