@@ -51,8 +51,8 @@ def _point(bm, bn, stages, consumers, persistent, group_m=8, bk=64, epilogue="di
 #: (one call, L2 flushed; benchmarks/NOTES.md, "metadata ring" and "cluster pairs"): the large tile with the
 #: epilogue through shared memory, persistent with a ring of five, as a cluster pair (WC's box multicast:
 #: the best of a 6-trial search at 7 of 8 prefill shapes and dtypes, 0.128 ms at 4096^3 bf16) and alone (the
-#: best of a 40-trial search without pairs: 0.132 ms), then not persistent with a ring of four (0.140 ms), alone
-#: and paired; then without the shared-memory epilogue, persistent, with k-tiles of 128 (0.152-0.158 ms); then
+#: best of a 40-trial search without pairs: 0.132 ms), then not persistent with a ring of four, alone (0.140 ms)
+#: and paired (the best of none of those searches); then without the shared-memory epilogue, persistent, with k-tiles of 128 (0.152-0.158 ms); then
 #: narrower tiles and a batch of 16 to 64.
 SEEDS = [
     _point(128, 256, 5, 2, True, epilogue="smem", cluster=2),
