@@ -175,13 +175,42 @@ def test_hopper_backward_names_round_trip_and_refusals():
     assert any("multiple of 64" in r for r in HopperSpec(layout=GI, bn=96).check())
     assert any("cluster must be 1" in r for r in HopperSpec(layout=GW, cluster=2).check())
     assert any("no pack prepass" in r for r in HopperSpec(layout=GW, prepass="pack").check())
-    assert any("tensorcore and simt" in r for r in HopperSpec(layout=GI, block=64, bn=64).check())
+    assert any("simt and tensorcore" in r for r in HopperSpec(layout=GW, block=64, bn=64).check())
     # TMA's 16-byte row pitches: grad_input reads DY [M][K] and W [K][N]; grad_weight DY [K][M] and X [K][N]
     assert not HopperSpec(layout=GI).check(Problem(67, 72, 136, DType.bf16, GI))
     assert any("K=100" in r for r in HopperSpec(layout=GI).check(Problem(64, 64, 100, DType.bf16, GI)))
     assert any("N=60" in r for r in HopperSpec(layout=GI).check(Problem(64, 60, 64, DType.bf16, GI)))
     assert not HopperSpec(layout=GW).check(Problem(136, 72, 67, DType.bf16, GW))  # K (the batch) is free
     assert any("M=100" in r for r in HopperSpec(layout=GW).check(Problem(100, 64, 64, DType.bf16, GW)))
+
+
+def test_hopper_sparse_grad_input_is_the_forward_kernel_on_wt():
+    """A block-sparse W's grad_input reads Wᵀ in BSR as the forward reads W: the same source (bar its name
+    and header), its tensor maps over DY and WT, swap allowed; only dY's rows need 16-byte pitches."""
+    from search.space import space_for
+
+    pattern = sparse.Pattern.random(200, 136, 64, 0.5, seed=6)  # the layer's W [out, in]
+    gi = sparse.problem_for(67, pattern, DType.bf16, layout=GI)
+    for kw in (dict(bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True),
+               dict(bm=256, stages=4, swap=True)):
+        fwd, spec = HopperSpec(block=64, bn=64, **kw), HopperSpec(block=64, bn=64, layout=GI, **kw)
+        assert not spec.check(gi) and spec.w_t is False and HopperSpec.from_name(spec.name) == spec
+        body = [line for line in render(spec).splitlines()[1:] if not line.startswith("// grad_input")]
+        assert body == render(fwd).replace(fwd.name, spec.name).splitlines()[1:]
+        plan = families.get("hopper").plan(spec, gi)
+        assert plan.launches[0].args[:6] == ("DX", "TX", "TW", "B", "RP", "CI")
+        assert [(m.name, m.operand) for m in plan.tensor_maps] == [("TX", "DY"), ("TW", "WT")]
+        assert not [why for m in plan.tensor_maps for why in m.problems()]
+        rule = families.get("hopper").grid_rule(spec)
+        assert "TX over DY" in rule and "block array WT" in rule and "Wᵀ[N,K]" in rule
+    assert "swap" in space_for("hopper", DType.bf16, block=64, layout=GI).dims
+    assert "swap" not in space_for("hopper", DType.bf16, block=32, layout=GI).dims
+    spec = HopperSpec(block=64, bn=64, layout=GI)
+    odd_in = sparse.problem_for(64, sparse.Pattern.random(128, 60, 64, 0.5), DType.bf16, layout=GI)  # N = 60 is free
+    assert not spec.check(odd_in)
+    odd_out = sparse.problem_for(64, sparse.Pattern.random(100, 64, 64, 0.5), DType.bf16, layout=GI)  # K = 100 is not
+    assert any("K=100" in r for r in spec.check(odd_out))
+    assert any("cluster must be 1" in r for r in HopperSpec(block=64, bn=64, layout=GI, cluster=2).check())
 
 
 def test_hopper_backward_plans_map_the_layout_s_arrays_k_outer():

@@ -21,7 +21,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     dimension, ``grid`` (plain, persistent over balanced ``ranges``, or persistent in ``grouped``
     order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise); with
     blocks of 64, ``swap`` puts W's block on wgmma's M side and the tile's X rows on its N side (wgmma N
-    is ``bm / consumers`` instead of the block), for the forward layout. The backward layouts
+    is ``bm / consumers`` instead of the block), for the forward layout and grad_input (whose kernel is the
+    forward's, on Wᵀ in BSR). The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
     have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension:
     it is right on the H200 but timed within noise of its shared-memory twin on every probe shape
@@ -45,7 +46,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         dims["grid"] = GRIDS
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
-        if block == 64 and Layout(layout) is Layout.forward:
+        if block == 64 and Layout(layout) is not Layout.grad_weight:  # a sparse grad_input is the forward kernel
             dims["swap"] = (False, True)
     return Space(NAME, dims)
 

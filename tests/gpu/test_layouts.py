@@ -4,6 +4,7 @@ probe run with each; a plan that leaves an output unwritten is caught."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import codegen.evaluate as evaluate
@@ -95,6 +96,37 @@ def test_sparse_grad_input_is_correct(evaluator, spec):
         problem = sparse.problem_for(batch, pattern, spec.dtype, layout=GI)
         result, _ = evaluator.evaluate(spec, problem)
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+
+
+#: Hopper's block-sparse grad_input is its forward kernel on Wᵀ in BSR: layers whose out (K, dY's rows) is a
+#: multiple of 8, ragged in, an empty block column of W (an empty block row of Wᵀ), and a large layer.
+HOPPER_SPARSE_GI = [
+    HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=4),
+    HopperSpec(layout=GI, block=64, bn=64, bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True),
+    HopperSpec(layout=GI, block=64, bn=64, bm=128, stages=6, persistent=True, dtype=DType.fp16),
+    HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=4, swap=True),
+    HopperSpec(layout=GI, block=32, bn=32, bm=128, consumers=1, stages=8, dtype=DType.fp16),
+    HopperSpec(layout=GI, block=16, bn=16, bm=64, consumers=1, stages=8, persistent=True),
+]
+
+
+def _hopper_gi_patterns(block: int) -> list[tuple[int, sparse.Pattern]]:
+    empty_col = np.ones((4, 3), dtype=bool)
+    empty_col[:, 1] = False  # W's second block column: Wᵀ's second block row is empty, its dX columns zeros
+    return [(67, sparse.Pattern.random(136, 45, block, 0.5, seed=3)),
+            (300, sparse.Pattern.from_mask(empty_col, 4 * block, 3 * block - 5, block)),
+            (1025, sparse.Pattern.random(1016, 1023, block, 0.5, seed=4)),
+            (256, sparse.Pattern.random(4096, 4096, block, 0.25, seed=5))]
+
+
+@pytest.mark.parametrize("spec", HOPPER_SPARSE_GI, ids=lambda s: s.name)
+def test_hopper_sparse_grad_input_is_correct(evaluator, spec):
+    for batch, pattern in _hopper_gi_patterns(spec.block):
+        problem = sparse.problem_for(batch, pattern, spec.dtype, layout=GI)
+        assert not spec.check(problem), spec.check(problem)
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
 
 
 #: Hopper's backward kernels read k-outer operands in boxes along M or N: layers whose rows TMA can read
