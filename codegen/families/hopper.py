@@ -51,6 +51,15 @@ tile's MN extent is ``extent / 64`` such boxes side by side, and wgmma reads the
 trans-a / trans-b flags; descriptors with 1024 bytes between 8-row groups along K and one box
 between 64-element groups along M or N). Boxes wholly past M or N are not loaded (their rows and
 columns are not stored). grad_weight's bias gradient db is a kernel of its own (codegen.launch.db_launch).
+The weight gradient of a block-sparse W (blocks of 64) is sampled at its kept blocks (``sampled``): dW = dYᵀ·X
+only there, written as W's BSR values DW[nnzb][64][64] (codegen.launch.BSR_GW_ARGS). A tile is one block row
+(``bm`` = 64, one consumer warpgroup) and up to ``bn / 64`` of its kept blocks: per k-tile of the batch the
+producer loads dY's box of the row and X's box under each kept block side by side, so wgmma runs
+m64n``bn`` with B gathered from ``bn / 64`` places. The grid is persistent (``ctas`` blocks per multiprocessor,
+at most one per kept block); tile j is the j-th group of kept blocks counted row by row (a row's last group may
+be short), and each thread walks the row pointers forward as its tiles need them (``SampledTiles``). The
+epilogue stores each kept block's 64 x 64 values whole, 16 bytes a lane: rows past M and columns past N are
+zeros (TMA zero-filled dY and X there), as the BSR values want.
 ``split_k`` > 1 (dense W, plain grid, no cluster) splits K over the grid's y dimension, for layers of
 few output tiles: block (tile, split) runs its split's k-tiles (``split_range``; a split past K's last
 k-tile has none and writes zeros) and stores its fp32 partial sums into the workspace WS[split][M][N];
@@ -134,6 +143,8 @@ WGMMA_M, WGMMA_K = 64, 16
 #: Elements of a k-outer (MN-major) operand's box along M or N: one 128-byte swizzle span of 16-bit values.
 MN_BOX = 64
 CONSUMERS = (1, 2)
+#: The block of dW sampled at a block-sparse W's kept blocks: one block row is wgmma's 64 rows.
+SAMPLED_BLOCK = 64
 CTAS = (1, 2)
 CLUSTERS = (1, 2)
 MAX_STAGES = {False: 8, True: 16}  # dense; block-sparse (smaller stages, deeper rings)
@@ -286,6 +297,11 @@ class Spec(SpecData):
         return consumer_regs(self.consumers, self.ctas)
 
     @property
+    def sampled(self) -> bool:
+        """The weight gradient of a block-sparse W: dW at its kept blocks only, as its BSR values."""
+        return bool(self.block) and self.layout is Layout.grad_weight
+
+    @property
     def forward_kernel(self) -> bool:
         """Whether this is the forward GEMM's kernel: the forward layout, or a block-sparse W's grad_input,
         which reads Wᵀ in BSR (its kept blocks transposed) as the forward reads W."""
@@ -329,7 +345,7 @@ class Spec(SpecData):
 
     def _tile_rules(self) -> list[str]:
         """What the tile, the ring and a block-sparse W's blocks must be."""
-        why: list[str] = []
+        why: list[str] = self._sampled_rules() if self.sampled else []
         if self.swap:
             if self.bm % (16 * self.consumers) or not 16 <= self.wg_m <= 256:
                 why.append(f"bm {self.bm} must be a multiple of 16 x {self.consumers} consumer warpgroup(s) with swap "
@@ -352,19 +368,40 @@ class Spec(SpecData):
         top = MAX_STAGES[bool(self.block)]
         if not 2 <= self.stages <= top:
             why.append(f"stages must be 2 to {top}, got {self.stages}")
-        if self.block:
+        if self.block and not self.sampled:
             why += sparse_rules(self.block, self.bn, self.bk)
+        if self.block:
             if self.prepass != "none":
                 why.append("a block-sparse W is read in its blocks: prepass must be 'none'")
         if self.grouped and not (self.block and self.persistent):
             why.append("grouped orders a persistent grid over a block-sparse W: it needs block > 0 and persistent")
         return why
 
+    def _sampled_rules(self) -> list[str]:
+        """What dW sampled at a block-sparse W's kept blocks is generated with: a tile is up to bn/block kept
+        blocks of one block row, on a persistent grid walking the tiles row by row."""
+        b = self.block
+        why = [] if b == SAMPLED_BLOCK else [
+            f"dW sampled at the kept blocks is generated on Hopper for blocks of {SAMPLED_BLOCK} (a tile is one block "
+            f"row, wgmma's {WGMMA_M} rows): block is {b}; the tensorcore family generates it for any block"]
+        if self.bm != b:
+            why.append(f"bm must be the block ({b}) for dW sampled at the kept blocks: a tile is one block row")
+        if self.bn % b or not b <= self.bn <= 256:
+            why.append(f"bn {self.bn} must be a multiple of the block ({b}) up to 256 for dW sampled at the kept "
+                       f"blocks: a tile is bn/{b} kept blocks of one block row")
+        for name, bad, need in (("consumers", self.consumers != 1, 1), ("persistent", not self.persistent, True),
+                                ("grouped", self.grouped, False), ("group_m", self.group_m != 1, 1),
+                                ("split_k", self.split_k != 1, 1)):
+            if bad:
+                why.append(f"dW sampled at the kept blocks runs one consumer warpgroup per tile on a persistent grid "
+                           f"walking the tiles row by row: {name} must be {need}")
+        return why
+
     def _option_rules(self) -> list[str]:
         """What each option (the backward layouts, a cluster, a_regs, split-K) is generated with."""
         why: list[str] = []
         if self.layout is not Layout.forward:
-            why += layout_rules(self.layout, self.bias, self.block)
+            why += layout_rules(self.layout, self.bias)
             if self.prepass != "none":
                 why.append(f"the {self.layout.value} layout has no pack prepass: prepass must be 'none'")
             if self.cluster != 1:
@@ -401,7 +438,7 @@ class Spec(SpecData):
 
 def _pitch_rules(spec: Spec, problem: Problem) -> list[str]:
     """The 16-byte row pitches TMA needs of the operands' rows in the problem."""
-    if spec.block:  # only X's (dY's) rows: the blocks' rows are whole 16-byte units
+    if spec.block and not spec.sampled:  # only X's (dY's) rows: the blocks' rows are whole 16-byte units
         return [f"K={problem.k}: rows of X are {problem.k * spec.elem} bytes apart, not a multiple of 16 as TMA needs, "
                 f"and a block-sparse W has no pack prepass: use the tensorcore family"] if problem.k * spec.elem % 16 else []
     if spec.layout is not Layout.forward:
@@ -424,6 +461,8 @@ COMMENT = {
     Layout.grad_input: "grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), W read k-outer",
     Layout.grad_weight: "grad_weight: Y[M,N] = X[K,M]^T * W[K,N] (dW = dY^T * X), both read k-outer",
 }
+SAMPLED_COMMENT = ("grad_weight sampled at W's kept blocks: Y[nnzb][BLOCK][BLOCK] = X[K,M]^T * W[K,N] at each kept "
+                   "block (dW = dY^T * X), both read k-outer")
 SPARSE_GI_COMMENT = "grad_input: Y[M,N] = X[M,K] * W[N,K]^T (dX = dY * W), W holding Wᵀ's kept blocks in BSR (WT)"
 
 
@@ -435,7 +474,9 @@ def template_values(spec: Spec) -> dict:
     values.update(
         name=spec.name,
         bk=spec.bk,
-        balanced=bool(spec.block and spec.persistent and not spec.grouped),
+        balanced=bool(spec.block and spec.persistent and not spec.grouped and not spec.sampled),
+        sampled=spec.sampled,
+        group=spec.bn // spec.block if spec.sampled else 0,
         threads=spec.threads,
         wg_m=spec.wg_m,
         wg_n=spec.wg_n,
@@ -457,7 +498,8 @@ def template_values(spec: Spec) -> dict:
         db=spec.bias and spec.layout is Layout.grad_weight,
         db_cols=DB_COLS,
         db_rows=DB_ROWS,
-        comment=SPARSE_GI_COMMENT if spec.block and spec.layout is Layout.grad_input else COMMENT[spec.layout],
+        comment=(SAMPLED_COMMENT if spec.sampled else SPARSE_GI_COMMENT if spec.block and spec.layout is Layout.grad_input
+                 else COMMENT[spec.layout]),
         row_bytes=spec.row_bytes,
         swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
         swizzle_mask=spec.row_bytes // 16 - 1,  # the 16-byte chunk index bits of a swizzled row
@@ -504,7 +546,7 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
     follows any split-K partial sums."""
     m, n, k, e = problem.m, problem.n, problem.k, spec.elem
     common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
-    if spec.block:  # X (dY) and the block array W (WT in grad_input)
+    if spec.block and not spec.sampled:  # X (dY) and the block array W (WT in grad_input)
         b, (x, w) = spec.block, layout_args(("X", "W"), spec.layout, sparse=True)
         return (TensorMapArg("TX", x, dims=(k, m), pitch=k * e, box=(b, spec.bm), **common),
                 TensorMapArg("TW", w, dims=(b, block_rows_bound(problem, b)), pitch=b * e, box=(b, b),
@@ -524,9 +566,12 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
 
 
 def plan(spec: Spec, problem: Problem) -> LaunchPlan:
-    """With a cluster, the grid counts blocks in whole clusters: the m-tiles rounded up to pairs."""
+    """With a cluster, the grid counts blocks in whole clusters: the m-tiles rounded up to pairs. dW sampled
+    at the kept blocks counts at most one tile per kept block (a tile holds one or more)."""
     cl = spec.cluster
     tiles = -(-problem.m // (cl * spec.bm)) * cl * -(-problem.n // spec.bn)
+    if spec.sampled:
+        tiles = max(1, problem.nnzb)
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
     args = layout_args(SPARSE_ARGS if spec.block else SPLIT_ARGS if spec.split_k > 1 else ARGS, spec.layout,
@@ -554,10 +599,11 @@ def grid_rule(spec: Spec) -> str:
         pitch = f"KP*{e}"
     else:
         src_x, src_w, pitch = "X", "W", f"K*{e}"
-    blocks = blocks_rule(spec.bm, spec.bn, spec.cluster, spec.persistent, spec.ctas)
+    blocks = (f"min(max(1, nnzb), {f'{spec.ctas} x ' if spec.ctas > 1 else ''}multiprocessor count) (nnzb: W's kept "
+              f"blocks)" if spec.sampled else blocks_rule(spec.bm, spec.bn, spec.cluster, spec.persistent, spec.ctas))
     head = (f"{spec.name}: grid = ({blocks}, {spec.split_k}, 1), block = ({spec.threads}, 1, 1), dynamic shared memory "
             f"{spec.smem_bytes} B")
-    if spec.block:
+    if spec.block and not spec.sampled:
         b = spec.block
         y, x, w = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=True)
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, {sw}-byte swizzle, zero fill): TX "
@@ -576,6 +622,9 @@ def grid_rule(spec: Spec) -> str:
                      f"pitches multiples of 16 bytes, operands 16-byte aligned")
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
         parts.append(f"argument Y is {slots[0]} ({COMMENT[spec.layout]}), B is null")
+        if spec.sampled:
+            parts.append(bsr_args(spec.layout, spec.block) + f"; a tile is up to {spec.bn // spec.block} kept blocks "
+                         f"of one block row, the grid walks the tiles row by row")
     else:
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "

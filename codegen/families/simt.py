@@ -272,7 +272,7 @@ class Spec(SpecData):
             why.append("thread tile sides must be 1, 2 or a multiple of 4 up to 16")
         if why:
             return why
-        why += layout_rules(self.layout, self.bias, self.block, sampled=True)
+        why += layout_rules(self.layout, self.bias)
         if self.sampled:
             why += sampled_rules(self.block, self.bm, self.bn, self.split_k, self.group_m)
         elif self.block:

@@ -250,7 +250,7 @@ class Spec(SpecData):
             why.append("reduce is 'none' exactly when split_k is 1")
         elif self.reduce == "atomic" and self.dtype is not DType.tf32:
             why.append("atomic split-K needs an fp32 output (tf32); use two_pass for 16-bit outputs")
-        why += layout_rules(self.layout, self.bias, self.block, sampled=True)
+        why += layout_rules(self.layout, self.bias)
         if self.layout is not Layout.forward:
             if self.dtype is DType.tf32:
                 why.append(f"the {self.layout.value} layout is generated for bf16 and fp16 (its k-outer operands are "

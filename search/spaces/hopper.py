@@ -24,7 +24,10 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     is ``bm / consumers`` instead of the block), for the forward layout and grad_input (whose kernel is the
     forward's, on Wᵀ in BSR). The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
-    have no cluster pairs. The spec's ``a_regs`` (X's fragments through registers) is not a dimension:
+    have no cluster pairs. dW sampled at a block-sparse W's kept blocks (grad_weight, blocks of 64) has tiles
+    of one block row (``bm`` the block, one consumer warpgroup) holding ``bn / block`` of its kept blocks, on a
+    persistent grid (``ctas`` per multiprocessor) walking the tiles row by row: ``bn``, ``stages`` and ``ctas``
+    are its dimensions. The spec's ``a_regs`` (X's fragments through registers) is not a dimension:
     it is right on the H200 but timed within noise of its shared-memory twin on every probe shape
     (benchmarks/NOTES.md, 2026-12-02), so a search would spend half its trials on no difference."""
     dims = {
@@ -37,6 +40,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "cluster": (1, 2),
         "split_k": (1, 2, 4, 8, 16),
     }
+    if block and Layout(layout) is Layout.grad_weight:  # dW sampled at the kept blocks
+        return Space(NAME, {"bn": (64, 128, 192, 256), "stages": (2, 3, 4, 5, 6, 8), "ctas": (1, 2)})
     if Layout(layout) is not Layout.forward:
         dims["bn"] = (64, 128, 192, 256)
         del dims["cluster"]
@@ -107,6 +112,17 @@ SPARSE_SEEDS = [
 ]
 
 
+#: dW sampled at a block-sparse W's kept blocks: four, two or one kept blocks of a row per tile, one or
+#: two blocks per multiprocessor. Not yet timed on a GPU: starting points (benchmarks/NOTES.md).
+SAMPLED_SEEDS = [
+    dict(bn=256, stages=4, ctas=1),
+    dict(bn=128, stages=6, ctas=1),
+    dict(bn=256, stages=2, ctas=2),
+    dict(bn=128, stages=3, ctas=2),
+    dict(bn=64, stages=6, ctas=2),
+]
+
+
 def sparse_seeds(block: int) -> list[dict]:
     """SPARSE_SEEDS that the block allows (swap needs blocks of 64)."""
     return [p for p in SPARSE_SEEDS if block == 64 or not p["swap"]]
@@ -115,6 +131,9 @@ def sparse_seeds(block: int) -> list[dict]:
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows
     (dense W only); with a block-sparse W, ``bn`` is the block."""
+    if problem.block and problem.layout is Layout.grad_weight:  # one block row per tile, one consumer, persistent
+        return Spec(dtype=problem.dtype, bias=problem.bias, bm=problem.block, block=problem.block, layout=problem.layout,
+                    consumers=1, persistent=True, group_m=1, **point)
     if problem.block:
         point = dict(point)
         grid = point.pop("grid", None)
