@@ -36,7 +36,8 @@ def to_float64(x: np.ndarray, dtype: DType) -> np.ndarray:
 def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """The dense input arrays of the problem's layout and their shapes, in the problem's M, N, K
     (codegen.problem.Layout): forward X[M,K], W[N,K] (+ B[N]); grad_input dY[M,K], W[K,N] (a
-    block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI); grad_weight dY[K,M], X[K,N]
+    block-sparse W as WT, the kept blocks of Wᵀ in BSR, with RP and CI, and as W's own kept blocks W
+    with BI, the index among them of each of Wᵀ's, for kernels that read them in place); grad_weight dY[K,M], X[K,N]
     (with a block-sparse W, also its RP and CI: dW is sampled at its kept blocks).
     A block-sparse forward W is the codegen.sparse blocks (``random_inputs``); a 2:4 W is WC, its kept
     halves [N, KP/2], and WE, their positions as mma.sp m16n8k32 reads them (codegen.sparse24)."""
@@ -53,7 +54,8 @@ def input_shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
         from codegen import sparse
 
         pt = sparse.lookup(problem).transpose()
-        return {"DY": (m, k), "WT": (pt.nnzb, pt.block, pt.block), "RP": pt.indptr.shape, "CI": pt.indices.shape}
+        return {"DY": (m, k), "WT": (pt.nnzb, pt.block, pt.block), "RP": pt.indptr.shape, "CI": pt.indices.shape,
+                "W": (pt.nnzb, pt.block, pt.block), "BI": (pt.nnzb,)}
     if problem.layout is Layout.grad_input:
         return {"DY": (m, k), "W": (k, n)}
     if problem.layout is Layout.grad_weight:
@@ -91,7 +93,8 @@ def random_inputs(problem: Problem, rng: np.random.Generator) -> dict[str, np.nd
         blocks = rng.uniform(-1, 1, (pattern.nnzb, p.block, p.block)).astype(np.float32)
         w = pattern.expand(blocks)  # the layer's W [K, N] (out x in), zeros outside the kept blocks
         return {"DY": to_storage(rng.uniform(-1, 1, (p.m, p.k)).astype(np.float32), p.dtype),
-                "WT": to_storage(pt.gather(np.ascontiguousarray(w.T)), p.dtype), "RP": pt.indptr, "CI": pt.indices}
+                "WT": to_storage(pt.gather(np.ascontiguousarray(w.T)), p.dtype), "RP": pt.indptr, "CI": pt.indices,
+                "W": to_storage(pattern.gather(w), p.dtype), "BI": pattern.transpose_order()}
     if p.layout is Layout.grad_weight and p.sparse:  # dY and X dense; W's BSR index arrays say where dW goes
         from codegen import sparse
 

@@ -27,7 +27,7 @@ from codegen.data import (
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Layout, Problem
 
-POINTERS = ("Y", "X", "W", "B", "WS", "CT", "RP", "CI", "DX", "DY", "DW", "DB", "WT", "WC", "WE")
+POINTERS = ("Y", "X", "W", "B", "WS", "CT", "RP", "CI", "DX", "DY", "DW", "DB", "WT", "BI", "WC", "WE")
 FLUSH_BYTES = 256 << 20
 
 

@@ -101,7 +101,8 @@ def manifest(spec: KernelSpec, problem: Problem, arch: str, measured: dict | Non
                              "cuTensorMapEncodeTiled as its tensor_map says (global address = its operand's "
                              "+ offset_bytes; dims and strides are this problem's)" if launch.tensor_maps else ""),
         "problem": problem.to_dict(),
-        **({"sparse": {"format": "BSR", "block": block, "arguments": bsr_args(problem.layout, block),
+        **({"sparse": {"format": "BSR", "block": block, "arguments": bsr_args(problem.layout, block,
+                                                                        any("BI" in x.args for x in launch.launches)),
                        "pattern": problem.pattern, "density": problem.density}} if block else {}),
         **({"sparse": family_of(spec).manifest_sparse(spec, problem)} if problem.structured else {}),
         "measured": measured,

@@ -44,6 +44,7 @@ ARG_TYPES = {
     "DB": "T*",
     "DY": "const T*",
     "WT": "const T*",
+    "BI": "const int*",
     "WC": "const T*",
     "WE": "const unsigned*",
 }
@@ -66,6 +67,12 @@ BSR_GI_ARGS = ("WT holds the kept blocks of Wᵀ[N,K] (W[K,N] is the layer's wei
                "[nnzb][{block}][{block}] row-major (each of W's kept blocks transposed), 16-byte aligned, blocks past "
                "N or K zero-padded; RP[ceil(N/{block})+1] (int32) indexes CI per block row of Wᵀ; CI[nnzb] (int32) "
                "its block columns kept, ascending in each row")
+#: The same when the kernel reads W's own kept blocks in place (transposed as it multiplies), with BI.
+BSR_GI_IN_PLACE_ARGS = ("W holds the kept blocks of the layer's weight W[K,N] (out x in) in its own BSR order, "
+                        "[nnzb][{block}][{block}] row-major, 16-byte aligned, blocks past N or K zero-padded; RP"
+                        "[ceil(N/{block})+1] (int32) indexes CI per block row of Wᵀ[N,K]; CI[nnzb] (int32) Wᵀ's block "
+                        "columns kept, ascending in each row; BI[nnzb] (int32) the index in W of each of Wᵀ's kept "
+                        "blocks, in Wᵀ's BSR order")
 #: What a weight gradient sampled at a block-sparse W writes to DW and reads from RP and CI: W [out, in]
 #: = [M, N] is block-sparse on the problem's pattern, and dW is computed at its kept blocks only.
 BSR_GW_ARGS = ("DW receives dW at the kept blocks of W[M,N] only, as W's BSR values [nnzb][{block}][{block}] "
@@ -268,8 +275,11 @@ def layout_args(args: tuple[str, ...], layout: Layout, sparse: bool = False) -> 
     return tuple(rename.get(a, a) for a in args)
 
 
-def bsr_args(layout: Layout, block: int) -> str:
-    """What a block-sparse kernel's BSR arguments hold in ``layout`` (BSR_ARGS, BSR_GI_ARGS, BSR_GW_ARGS)."""
+def bsr_args(layout: Layout, block: int, in_place: bool = False) -> str:
+    """What a block-sparse kernel's BSR arguments hold in ``layout`` (BSR_ARGS, BSR_GI_ARGS, BSR_GW_ARGS; a
+    grad_input kernel that reads W's blocks ``in_place``: BSR_GI_IN_PLACE_ARGS)."""
+    if layout is Layout.grad_input and in_place:
+        return BSR_GI_IN_PLACE_ARGS.format(block=block)
     return {Layout.forward: BSR_ARGS, Layout.grad_input: BSR_GI_ARGS, Layout.grad_weight: BSR_GW_ARGS}[layout].format(
         block=block)
 

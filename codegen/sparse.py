@@ -149,6 +149,14 @@ class Pattern:
         """The pattern of Wᵀ [k, n]: block (r, c) kept here is block (c, r) kept there."""
         return Pattern.from_mask(self.mask().T, self.k, self.n, self.block)
 
+    def transpose_order(self) -> np.ndarray:
+        """For each kept block of Wᵀ in its BSR order (``transpose``), its index among the kept blocks
+        here (int32)."""
+        rows = np.repeat(np.arange(self.block_rows), self.row_counts)
+        order = np.full(self.mask().shape, -1, dtype=np.int32)
+        order[rows, self.indices] = np.arange(self.nnzb, dtype=np.int32)
+        return np.ascontiguousarray(order.T[self.mask().T])
+
     def to_dict(self) -> dict:
         return {"n": self.n, "k": self.k, "block": self.block, "indptr": self.indptr.tolist(),
                 "indices": self.indices.tolist()}

@@ -301,7 +301,12 @@ def test_search_and_tune_search_the_sparse_space_of_the_layout(family, layout, m
                                            "--density", "0.5"]))
     asked.clear()
     said = []
-    assert code == 2 and "stopped by the test" in err
-    with pytest.raises(NoGpu):
-        tune.tune({problem: ["layer"]}, family, no_gpu, budget=1, store=None, say=said.append)
+    if family == "hopper" and layout == "grad_input":  # blocks of 32: refused before any GPU is looked for
+        assert code == 2 and "hopper family generates no kernel for" in err and "blocks of 64" in err
+        results = tune.tune({problem: ["layer"]}, family, no_gpu, budget=1, store=None, say=said.append)
+        assert results[0].skipped and "skip" in said[0]
+    else:
+        assert code == 2 and "stopped by the test" in err
+        with pytest.raises(NoGpu):
+            tune.tune({problem: ["layer"]}, family, no_gpu, budget=1, store=None, say=said.append)
     assert [s.dims for s in asked] == [sparse_space.dims]

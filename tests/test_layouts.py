@@ -4,6 +4,7 @@ and NVRTC 13.0 builds (sm_80 and sm_90; sm_90a for Hopper) without spills. Numer
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 
 import numpy as np
@@ -189,28 +190,35 @@ def test_hopper_backward_names_round_trip_and_refusals():
     assert any("M=100" in r for r in HopperSpec(layout=GW).check(Problem(100, 64, 64, DType.bf16, GW)))
 
 
-def test_hopper_sparse_grad_input_is_the_forward_kernel_on_wt():
-    """A block-sparse W's grad_input reads Wᵀ in BSR as the forward reads W: the same source (bar its name
-    and header), its tensor maps over DY and WT, swap allowed; only dY's rows need 16-byte pitches."""
+def test_hopper_sparse_grad_input_reads_w_s_blocks_in_place():
+    """A block-sparse W's grad_input on Hopper walks Wᵀ's block rows with the forward's pipeline, reading W's own
+    blocks through BI and transposing them in wgmma: the source differs from the forward's only there; its tensor
+    maps view dY and W's blocks; blocks of 64 only, no swap; only dY's rows need 16-byte pitches."""
     from search.space import space_for
 
     pattern = sparse.Pattern.random(200, 136, 64, 0.5, seed=6)  # the layer's W [out, in]
     gi = sparse.problem_for(67, pattern, DType.bf16, layout=GI)
-    for kw in (dict(bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True),
-               dict(bm=256, stages=4, swap=True)):
-        fwd, spec = HopperSpec(block=64, bn=64, **kw), HopperSpec(block=64, bn=64, layout=GI, **kw)
-        assert not spec.check(gi) and spec.w_t is False and HopperSpec.from_name(spec.name) == spec
-        body = [line for line in render(spec).splitlines()[1:] if not line.startswith("// grad_input")]
-        assert body == render(fwd).replace(fwd.name, spec.name).splitlines()[1:]
-        plan = families.get("hopper").plan(spec, gi)
-        assert plan.launches[0].args[:6] == ("DX", "TX", "TW", "B", "RP", "CI")
-        assert [(m.name, m.operand) for m in plan.tensor_maps] == [("TX", "DY"), ("TW", "WT")]
-        assert not [why for m in plan.tensor_maps for why in m.problems()]
-        rule = families.get("hopper").grid_rule(spec)
-        assert "TX over DY" in rule and "block array WT" in rule and "Wᵀ[N,K]" in rule
-    assert "swap" in space_for("hopper", DType.bf16, block=64, layout=GI).dims
-    assert "swap" not in space_for("hopper", DType.bf16, block=32, layout=GI).dims
-    spec = HopperSpec(block=64, bn=64, layout=GI)
+    kw = dict(bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True)
+    fwd, spec = HopperSpec(block=64, bn=64, **kw), HopperSpec(block=64, bn=64, layout=GI, **kw)
+    assert not spec.check(gi) and spec.in_place and spec.w_t and HopperSpec.from_name(spec.name) == spec
+    changed = [line[0] + line[1:].strip() for line in difflib.unified_diff(render(fwd).replace(fwd.name, spec.name).splitlines(),
+                                                                          render(spec).splitlines(), lineterm="", n=0)
+               if line[:1] in "+-" and line[:3] not in ("+++", "---") and not line[1:].strip().startswith("//")]
+    assert any("const int* __restrict__ BI" in c for c in changed if c.startswith("+"))
+    assert "+tma_load(dst + A_BYTES, TW, 0, __ldg(BI + kt) * BK, bar);" in changed
+    assert any(c.startswith("+") and "p, 1, 1, 0, 1;" in c for c in changed)  # wgmma transposes B
+    assert "+constexpr unsigned A_K_STEP_BYTES = 32, B_K_STEP_BYTES = 2048, A_LBO = 16, B_LBO = 8192;" in changed
+    assert len([c for c in changed if c.startswith("+")]) == 6, changed  # those four, and the k-outer box constants
+    plan = families.get("hopper").plan(spec, gi)
+    assert plan.launches[0].args == ("DX", "TX", "TW", "B", "RP", "CI", "BI", "M", "N", "K")
+    assert [(m.name, m.operand) for m in plan.tensor_maps] == [("TX", "DY"), ("TW", "W")]
+    assert not [why for m in plan.tensor_maps for why in m.problems()]
+    rule = families.get("hopper").grid_rule(spec)
+    assert "TX over DY" in rule and "block array W " in rule and "BI[nnzb]" in rule
+    assert "swap" not in space_for("hopper", DType.bf16, block=64, layout=GI).dims
+    assert any("swap is generated for the forward layout" in r for r in HopperSpec(block=64, bn=64, layout=GI,
+                                                                                    swap=True).check())
+    assert any("blocks of 64" in r and "tensorcore" in r for r in HopperSpec(block=32, bn=32, layout=GI).check())
     odd_in = sparse.problem_for(64, sparse.Pattern.random(128, 60, 64, 0.5), DType.bf16, layout=GI)  # N = 60 is free
     assert not spec.check(odd_in)
     odd_out = sparse.problem_for(64, sparse.Pattern.random(100, 64, 64, 0.5), DType.bf16, layout=GI)  # K = 100 is not

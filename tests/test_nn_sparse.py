@@ -191,9 +191,11 @@ class StandIn:
                 t["weight"].detach().double().numpy())
             t["y"].copy_(F.linear(t["x"].double(), torch.from_numpy(w), t["bias"].double() if t["bias"] is not None
                                   else None))
-        elif p.layout is Layout.grad_input:
+        elif p.layout is Layout.grad_input:  # Wᵀ's blocks, or W's own read through BI (t_order) in place
+            blocks_t = (t["weight_t"] if "WT" in self.arg_names else
+                        t["weight"][t["t_order"].long()].transpose(1, 2))
             wt = sparse.Pattern(in_, out_, p.block, t["t_indptr"].numpy(), t["t_indices"].numpy()).expand(
-                t["weight_t"].detach().double().numpy())
+                blocks_t.detach().double().numpy())
             t["grad_x"].copy_(t["grad_y"].double() @ torch.from_numpy(wt).t())
         else:
             pattern = sparse.Pattern(out_, in_, p.block, t["indptr"].numpy(), t["indices"].numpy())
@@ -203,14 +205,18 @@ class StandIn:
         return None
 
 
-@pytest.mark.parametrize("with_db", [True, False])
-def test_the_kernel_path_passes_the_bsr_arrays_by_role(monkeypatch, with_db):
+@pytest.mark.parametrize(("with_db", "in_place"), [(True, False), (False, False), (False, True)])
+def test_the_kernel_path_passes_the_bsr_arrays_by_role(monkeypatch, with_db, in_place):
+    """grad_input's kernel gets Wᵀ's blocks (WT) only where it takes them; one that reads W's blocks in place
+    (BI) gets them and the order, and no transposed copy is made."""
     calls, problems = [], []
 
     class Source:
         def kernel(self, problem, device):
             problems.append(problem)
             names = {"DB"} if with_db and problem.layout is Layout.grad_weight else set()
+            if problem.layout is Layout.grad_input:
+                names = {"W", "BI"} if in_place else {"WT"}
             return StandIn(problem, names, calls)
 
     lay = layer(out=130, fin=100, block=32, seed=4)
@@ -231,7 +237,8 @@ def test_the_kernel_path_passes_the_bsr_arrays_by_role(monkeypatch, with_db):
     assert {p.pattern for p in problems} == {lay.pattern_hash} and problems[2].nnzb == lay.pattern.nnzb
     roles = dict(calls)
     assert roles[Layout.forward] == ["bias", "indices", "indptr", "weight", "x", "y"]
-    assert roles[Layout.grad_input] == ["grad_x", "grad_y", "t_indices", "t_indptr", "weight_t"]
+    assert roles[Layout.grad_input] == ["grad_x", "grad_y", "t_indices", "t_indptr", "t_order", "weight"] + (
+        [] if in_place else ["weight_t"])
     assert roles[Layout.grad_weight] == (["grad_bias"] if with_db else []) + ["grad_weight", "grad_y", "indices",
                                                                              "indptr", "x"]
     lay(x)  # resolved once per batch: no second lookup

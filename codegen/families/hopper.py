@@ -20,9 +20,11 @@ or 32 bytes for blocks of 64, 32 or 16, swizzled by the same span, and the wgmma
 so), and the producer walks only the row's kept blocks: X's k-columns of each kept block through
 X's tensor map, the block itself through a second tensor map over the contiguous block array
 (rows of ``block`` elements, one block every ``block`` rows). An empty block row writes zeros
-(+ bias). A block-sparse W's grad_input dX = dY·W is the same kernel: it reads Wᵀ in BSR (WT: the
-kept blocks transposed, with Wᵀ's row pointers and block columns; codegen.launch.BSR_GI_ARGS) as the
-forward reads W, and dY as the forward reads X. A persistent grid over a block-sparse W does not stride over the tiles: each block takes a
+(+ bias). A block-sparse W's grad_input dX = dY·W (blocks of 64) runs the same pipeline over Wᵀ's block
+rows (Wᵀ's row pointers RP and block columns CI), reading dY as the forward reads X and W's own kept blocks
+in place: BI gives each of Wᵀ's kept blocks' index in W, its box is loaded as stored ([out][in], k-outer for
+this GEMM) and wgmma reads it transposed (codegen.launch.BSR_GI_IN_PLACE_ARGS), so no transposed copy of W is
+made. A persistent grid over a block-sparse W does not stride over the tiles: each block takes a
 contiguous range of (block row, m-tile) tiles of equal work (kept blocks + 1 per tile), found from
 the row pointers alone, so rows of many kept blocks do not pile up on a few multiprocessors
 (``group_m`` orders the plain grid only); ``grouped`` makes it stride over the tiles in ``group_m``
@@ -177,6 +179,8 @@ CONSUMER_OVERHEAD = 56
 A_FRAG_REGS = 4
 ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
 SPARSE_ARGS = ("Y", "TX", "TW", "B", "RP", "CI", "M", "N", "K")
+#: A block-sparse grad_input: W's blocks in place (TW), Wᵀ's RP and CI, and BI, each of Wᵀ's kept blocks' index in W.
+IN_PLACE_ARGS = ("Y", "TX", "TW", "B", "RP", "CI", "BI", "M", "N", "K")
 SPLIT_ARGS = ("Y", "TX", "TW", "B", "WS", "M", "N", "K")  # split-K: partial sums into WS
 PTX_TYPE = {DType.bf16: "bf16", DType.fp16: "f16"}
 PAIR_TYPE = {DType.bf16: "__nv_bfloat162", DType.fp16: "__half2"}
@@ -302,10 +306,15 @@ class Spec(SpecData):
         return bool(self.block) and self.layout is Layout.grad_weight
 
     @property
-    def forward_kernel(self) -> bool:
-        """Whether this is the forward GEMM's kernel: the forward layout, or a block-sparse W's grad_input,
-        which reads Wᵀ in BSR (its kept blocks transposed) as the forward reads W."""
-        return self.layout is Layout.forward or bool(self.block) and self.layout is Layout.grad_input
+    def in_place(self) -> bool:
+        """A block-sparse W's grad_input: W's own kept blocks are read in place (through BI, in Wᵀ's BSR order)."""
+        return bool(self.block) and self.layout is Layout.grad_input
+
+    @property
+    def w_t(self) -> bool:
+        """Whether W's tile is k-outer: in the backward layouts, a block-sparse grad_input included (each of W's
+        blocks [out][in] is read as it is stored, its rows along that GEMM's K, and wgmma transposes it)."""
+        return super().w_t or self.in_place
 
     @property
     def a_frag_regs(self) -> int:
@@ -353,11 +362,10 @@ class Spec(SpecData):
             if self.bn % WGMMA_M:
                 why.append(f"bn {self.bn} must be a multiple of 64 with swap (W's rows are wgmma's M side)"
                            + (": swap needs blocks of 64" if self.block else ""))
-            for name, bad in (("layout", not self.forward_kernel), ("cluster", self.cluster != 1),
+            for name, bad in (("layout", self.layout is not Layout.forward), ("cluster", self.cluster != 1),
                               ("split_k", self.split_k != 1), ("a_regs", self.a_regs)):
                 if bad:
-                    why.append(f"swap is generated for the forward layout (and a block-sparse W's grad_input) without "
-                               f"cluster, split_k or a_regs: "
+                    why.append(f"swap is generated for the forward layout without cluster, split_k or a_regs: "
                                f"{name} is {getattr(self, name).value if name == 'layout' else getattr(self, name)}")
         elif self.bm % (WGMMA_M * self.consumers):
             why.append(f"bm {self.bm} must be a multiple of 64 x {self.consumers} consumer warpgroup(s)")
@@ -406,7 +414,11 @@ class Spec(SpecData):
                 why.append(f"the {self.layout.value} layout has no pack prepass: prepass must be 'none'")
             if self.cluster != 1:
                 why.append("cluster > 1 is generated for the forward layout only: cluster must be 1")
-            if self.w_t and self.bn % MN_BOX:
+            if self.in_place and self.block != MN_BOX:
+                why.append(f"a block-sparse W's grad_input reads W's blocks in place, transposed by wgmma, in blocks of "
+                           f"{MN_BOX} (one 128-byte swizzle span): block is {self.block}; the tensorcore family takes "
+                           f"any block")
+            elif self.w_t and self.bn % MN_BOX:
                 why.append(f"bn {self.bn} must be a multiple of {MN_BOX} in the {self.layout.value} layout: the right "
                            f"operand is loaded k-outer in boxes of {MN_BOX} columns")
         if self.cluster > 1:
@@ -463,7 +475,8 @@ COMMENT = {
 }
 SAMPLED_COMMENT = ("grad_weight sampled at W's kept blocks: Y[nnzb][BLOCK][BLOCK] = X[K,M]^T * W[K,N] at each kept "
                    "block (dW = dY^T * X), both read k-outer")
-SPARSE_GI_COMMENT = "grad_input: Y[M,N] = X[M,K] * W[N,K]^T (dX = dY * W), W holding Wᵀ's kept blocks in BSR (WT)"
+SPARSE_GI_COMMENT = ("grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), W's kept blocks read in place, k-outer, in Wᵀ's "
+                     "BSR order (RP, CI) through BI")
 
 
 def template_values(spec: Spec) -> dict:
@@ -476,6 +489,7 @@ def template_values(spec: Spec) -> dict:
         bk=spec.bk,
         balanced=bool(spec.block and spec.persistent and not spec.grouped and not spec.sampled),
         sampled=spec.sampled,
+        in_place=spec.in_place,
         group=spec.bn // spec.block if spec.sampled else 0,
         threads=spec.threads,
         wg_m=spec.wg_m,
@@ -546,8 +560,8 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
     follows any split-K partial sums."""
     m, n, k, e = problem.m, problem.n, problem.k, spec.elem
     common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
-    if spec.block and not spec.sampled:  # X (dY) and the block array W (WT in grad_input)
-        b, (x, w) = spec.block, layout_args(("X", "W"), spec.layout, sparse=True)
+    if spec.block and not spec.sampled:  # X (dY in grad_input) and W's block array
+        b, (x, w) = spec.block, layout_args(("X", "W"), spec.layout)
         return (TensorMapArg("TX", x, dims=(k, m), pitch=k * e, box=(b, spec.bm), **common),
                 TensorMapArg("TW", w, dims=(b, block_rows_bound(problem, b)), pitch=b * e, box=(b, b),
                              **common)), 0
@@ -574,8 +588,9 @@ def plan(spec: Spec, problem: Problem) -> LaunchPlan:
         tiles = max(1, problem.nnzb)
     maps, workspace = _maps(spec, problem)
     launches = [pack_launch(spec.name, 16 // spec.elem, problem)] if spec.prepass == "pack" else []
-    args = layout_args(SPARSE_ARGS if spec.block else SPLIT_ARGS if spec.split_k > 1 else ARGS, spec.layout,
-                       sparse=bool(spec.block))
+    args = (IN_PLACE_ARGS if spec.in_place else SPARSE_ARGS if spec.block else SPLIT_ARGS if spec.split_k > 1
+            else ARGS)
+    args = layout_args(args, spec.layout)
     launches.append(KernelLaunch(symbol=spec.name, grid=(tiles, spec.split_k, 1), block=(spec.threads, 1, 1),
                                  smem=spec.smem_bytes, args=args, persistent=spec.persistent and (spec.ctas if spec.ctas > 1 else True),
                                  cluster=(cl, 1, 1)))
@@ -605,12 +620,12 @@ def grid_rule(spec: Spec) -> str:
             f"{spec.smem_bytes} B")
     if spec.block and not spec.sampled:
         b = spec.block
-        y, x, w = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout, sparse=True)
+        y, x, w = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, {sw}-byte swizzle, zero fill): TX "
                      f"over {x} with dims (K, M), row pitch K*{e} bytes (a multiple of 16), box ({b}, {spec.bm}); TW "
                      f"over the block array {w} with dims ({b}, ceil(N/{b})*ceil(K/{b})*{b}), row pitch {b * e} bytes, "
                      f"box ({b}, {b}); {x} and {w} 16-byte aligned")
-        parts.append(bsr_args(spec.layout, b))
+        parts.append(bsr_args(spec.layout, b, spec.in_place))
         if spec.layout is not Layout.forward:
             parts.append(f"argument Y is {y} ({SPARSE_GI_COMMENT}), B is null")
     elif spec.layout is not Layout.forward:

@@ -37,16 +37,17 @@ __all__ = ["Kernels", "Linear", "kernels_from", "replace_linear"]
 log = logging.getLogger("gemmscape.nn")
 
 DTYPES = {torch.float32: DType.fp32, torch.float16: DType.fp16, torch.bfloat16: DType.bf16}
-POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT", "RP", "CI", "WT", "WC", "WE")
+POINTER_ARGS = ("Y", "X", "W", "B", "DX", "DY", "DW", "DB", "WS", "CT", "RP", "CI", "WT", "BI", "WC", "WE")
 #: A kernel argument's array per layout (codegen.launch.LAYOUT_SLOTS names them) -> the tensor it is here.
 #: A block-sparse W's kernels also take its BSR arrays (codegen.nn.sparse): W's row pointers RP and
-#: block columns CI, and for grad_input Wᵀ's blocks WT with Wᵀ's RP and CI. A 2:4 W's forward kernel
+#: block columns CI, and for grad_input Wᵀ's blocks WT with Wᵀ's RP and CI (or W's own blocks with Wᵀ's RP and
+#: CI and BI, each of Wᵀ's kept blocks' index among W's). A 2:4 W's forward kernel
 #: takes its kept halves WC and their metadata WE (codegen.nn.semisparse).
 OPERANDS = {
     Layout.forward: {"Y": "y", "X": "x", "W": "weight", "B": "bias", "RP": "indptr", "CI": "indices",
                      "WC": "values", "WE": "metadata"},
     Layout.grad_input: {"DX": "grad_x", "DY": "grad_y", "W": "weight", "WT": "weight_t", "RP": "t_indptr",
-                        "CI": "t_indices"},
+                        "CI": "t_indices", "BI": "t_order"},
     Layout.grad_weight: {"DW": "grad_weight", "DY": "grad_y", "X": "x", "DB": "grad_bias", "RP": "indptr",
                          "CI": "indices"},
 }

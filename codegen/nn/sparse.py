@@ -110,14 +110,12 @@ class BlockSparseLinear(CompressedLinear):
         device = self.indptr.device
         self._pattern = pattern
         rows = np.repeat(np.arange(pattern.block_rows), pattern.row_counts)
-        order = np.full(pattern.mask().shape, -1, dtype=np.int64)
-        order[rows, pattern.indices] = np.arange(pattern.nnzb)
         t = pattern.transpose()
         self.register_buffer("rows", torch.as_tensor(rows, dtype=torch.long, device=device), persistent=False)
         self.register_buffer("cols", self.indices.long(), persistent=False)
         self.register_buffer("t_indptr", torch.as_tensor(t.indptr, device=device), persistent=False)
         self.register_buffer("t_indices", torch.as_tensor(t.indices, device=device), persistent=False)
-        self.register_buffer("t_order", torch.as_tensor(order.T[t.mask()], device=device), persistent=False)
+        self.register_buffer("t_order", torch.as_tensor(pattern.transpose_order(), device=device), persistent=False)
         self._new_caches()
 
     @property
@@ -237,10 +235,11 @@ class BlockSparseLinear(CompressedLinear):
         if found is None:
             return grad_y @ self._dense(blocks)
         problem, k = found
-        weight_t = blocks.index_select(0, self.t_order).transpose(1, 2).contiguous()  # Wᵀ's blocks in its BSR order
+        # Wᵀ's blocks in its BSR order, for the kernels that read them (Hopper's reads W's own blocks in place)
+        weight_t = blocks.index_select(0, self.t_order).transpose(1, 2).contiguous() if "WT" in k.arg_names else None
         grad_x = torch.empty((problem.m, problem.n), dtype=grad_y.dtype, device=grad_y.device)
-        k({"grad_x": grad_x, "grad_y": _ready(grad_y), "weight_t": weight_t, "t_indptr": self.t_indptr,
-           "t_indices": self.t_indices})
+        k({"grad_x": grad_x, "grad_y": _ready(grad_y), "weight_t": weight_t, "weight": _ready(blocks),
+           "t_indptr": self.t_indptr, "t_indices": self.t_indices, "t_order": self.t_order})
         return grad_x
 
     def _grad_weight(self, grad_y: torch.Tensor, x: torch.Tensor, bias: bool):

@@ -21,8 +21,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     dimension, ``grid`` (plain, persistent over balanced ``ranges``, or persistent in ``grouped``
     order), since grouped order is a way of being persistent (``Spec.check`` refuses it otherwise); with
     blocks of 64, ``swap`` puts W's block on wgmma's M side and the tile's X rows on its N side (wgmma N
-    is ``bm / consumers`` instead of the block), for the forward layout and grad_input (whose kernel is the
-    forward's, on Wᵀ in BSR). The backward layouts
+    is ``bm / consumers`` instead of the block), for the forward layout. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
     have no cluster pairs. dW sampled at a block-sparse W's kept blocks (grad_weight, blocks of 64) has tiles
     of one block row (``bm`` the block, one consumer warpgroup) holding ``bn / block`` of its kept blocks, on a
@@ -51,7 +50,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         dims["grid"] = GRIDS
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
-        if block == 64 and Layout(layout) is not Layout.grad_weight:  # a sparse grad_input is the forward kernel
+        if block == 64 and Layout(layout) is Layout.forward:
             dims["swap"] = (False, True)
     return Space(NAME, dims)
 

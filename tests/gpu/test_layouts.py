@@ -98,15 +98,15 @@ def test_sparse_grad_input_is_correct(evaluator, spec):
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
 
 
-#: Hopper's block-sparse grad_input is its forward kernel on Wᵀ in BSR: layers whose out (K, dY's rows) is a
-#: multiple of 8, ragged in, an empty block column of W (an empty block row of Wᵀ), and a large layer.
+#: Hopper's block-sparse grad_input walks Wᵀ's block rows and reads W's own blocks in place (blocks of 64): layers
+#: whose out (K, dY's rows) is a multiple of 8, ragged in, an empty block column of W (an empty block row of Wᵀ),
+#: and a large layer.
 HOPPER_SPARSE_GI = [
     HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=4),
     HopperSpec(layout=GI, block=64, bn=64, bm=128, consumers=1, stages=4, ctas=2, persistent=True, grouped=True),
     HopperSpec(layout=GI, block=64, bn=64, bm=128, stages=6, persistent=True, dtype=DType.fp16),
-    HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=4, swap=True),
-    HopperSpec(layout=GI, block=32, bn=32, bm=128, consumers=1, stages=8, dtype=DType.fp16),
-    HopperSpec(layout=GI, block=16, bn=16, bm=64, consumers=1, stages=8, persistent=True),
+    HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=5, group_m=1, persistent=True, grouped=True),
+    HopperSpec(layout=GI, block=64, bn=64, bm=128, stages=8, persistent=True, a_regs=True),
 ]
 
 
