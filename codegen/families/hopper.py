@@ -475,7 +475,7 @@ COMMENT = {
 }
 SAMPLED_COMMENT = ("grad_weight sampled at W's kept blocks: Y[nnzb][BLOCK][BLOCK] = X[K,M]^T * W[K,N] at each kept "
                    "block (dW = dY^T * X), both read k-outer")
-SPARSE_GI_COMMENT = ("grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), W's kept blocks read in place, k-outer, in Wᵀ's "
+IN_PLACE_COMMENT = ("grad_input: Y[M,N] = X[M,K] * W[K,N] (dX = dY * W), W's kept blocks read in place, k-outer, in Wᵀ's "
                      "BSR order (RP, CI) through BI")
 
 
@@ -512,8 +512,7 @@ def template_values(spec: Spec) -> dict:
         db=spec.bias and spec.layout is Layout.grad_weight,
         db_cols=DB_COLS,
         db_rows=DB_ROWS,
-        comment=(SAMPLED_COMMENT if spec.sampled else SPARSE_GI_COMMENT if spec.block and spec.layout is Layout.grad_input
-                 else COMMENT[spec.layout]),
+        comment=SAMPLED_COMMENT if spec.sampled else IN_PLACE_COMMENT if spec.in_place else COMMENT[spec.layout],
         row_bytes=spec.row_bytes,
         swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
         swizzle_mask=spec.row_bytes // 16 - 1,  # the 16-byte chunk index bits of a swizzled row
@@ -627,7 +626,7 @@ def grid_rule(spec: Spec) -> str:
                      f"box ({b}, {b}); {x} and {w} 16-byte aligned")
         parts.append(bsr_args(spec.layout, b, spec.in_place))
         if spec.layout is not Layout.forward:
-            parts.append(f"argument Y is {y} ({SPARSE_GI_COMMENT}), B is null")
+            parts.append(f"argument Y is {y} ({IN_PLACE_COMMENT}), B is null")
     elif spec.layout is not Layout.forward:
         left, right = LAYOUT_SLOTS[spec.layout][1:]
         tx = (f"TX over {left} [K][M] with dims (M, K), row pitch M*{e} bytes, box ({MN_BOX}, {spec.bk})" if spec.a_t
