@@ -508,16 +508,8 @@ def test_tensorcore_backward_kernels_compile_to_transposed_ldmatrix_without_spil
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("spec", HOPPER_BACKWARD, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", HOPPER_BACKWARD + HOPPER_SAMPLED, ids=lambda s: s.name)
 def test_hopper_backward_kernels_compile_to_wgmma_fed_by_tma_without_spills(compiled, spec):
-    report, ops = compiled[(spec.name, "sm_90")]
-    _assert_plan_functions_without_spills(spec, "sm_90", report)
-    assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("spec", HOPPER_SAMPLED, ids=lambda s: s.name)
-def test_hopper_sampled_weight_gradients_compile_to_wgmma_fed_by_tma_without_spills(compiled, spec):
     report, ops = compiled[(spec.name, "sm_90")]
     _assert_plan_functions_without_spills(spec, "sm_90", report)
     assert ops["HGMMA"] > 0 and ops["UTMALDG"] > 0
