@@ -255,6 +255,11 @@ def test_hopper_sampled_weight_gradient_walks_tiles_of_kept_blocks_of_a_row():
                      (dict(consumers=2, bm=128), "consumers must be 1"), (dict(persistent=False), "persistent must be True"),
                      (dict(group_m=8), "group_m must be 1"), (dict(block=32, bm=32, bn=32), "blocks of 64")):
         assert any(why in r for r in HopperSpec(**{**SAMPLED, "bn": 128, **bad}).check()), bad
+    # __launch_bounds__(256, 2) caps an instruction at 128 registers when ptxas compiles: m64n256's 128 accumulators
+    # do not fit (NVRTC 13.0 stops with "Insufficient registers"), m64n192's 96 do
+    assert any("one wgmma of N 256 needs 154 registers" in r
+               for r in HopperSpec(**{**SAMPLED, "bn": 256, "stages": 2, "ctas": 2}).check())
+    assert not HopperSpec(**{**SAMPLED, "bn": 192, "stages": 3, "ctas": 2}).check()
     assert any("M=1020" in r for r in spec.check(sparse.problem_for(64, sparse.Pattern.random(1020, 512, 64, 0.3),
                                                                     DType.bf16, True, GW)))
     space = space_for("hopper", DType.bf16, block=64, layout=GW)

@@ -175,6 +175,11 @@ def consumer_regs(consumers: int, ctas: int) -> int:
 
 #: Registers a consumer thread needs beside its accumulators (descriptors, indices, epilogue).
 CONSUMER_OVERHEAD = 56
+#: Registers one wgmma instruction needs beside its own accumulators (wgmma N / 2 of them). ptxas compiles
+#: each instruction within __launch_bounds__' cap (before setmaxnreg raises the consumers'): NVRTC 13.0 asked
+#: for a target of 154 for m64n256 (128 accumulators), 138 for m64n224 and 90 for m64n128 where the cap was 128
+#: or 80 (two blocks per multiprocessor), and compiled m64n192 within 128 and m64n96 within 80.
+WGMMA_LIVE = 26
 #: 32-bit registers of one thread's share of an m64 x k16 A fragment in registers (8 16-bit elements).
 A_FRAG_REGS = 4
 ARGS = ("Y", "TX", "TW", "B", "M", "N", "K")
@@ -342,6 +347,11 @@ class Spec(SpecData):
             frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
             why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
                        f"registers a consumer gets: make bm/consumers x bn smaller")
+        cap, per_wgmma = launch_regs(self.consumers, self.ctas), self.wg_n // 2 + (A_FRAG_REGS if self.a_regs else 0)
+        if per_wgmma + WGMMA_LIVE > cap:
+            why.append(f"one wgmma of N {self.wg_n} needs {per_wgmma + WGMMA_LIVE} registers, over the {cap} ptxas "
+                       f"compiles an instruction with under __launch_bounds__({self.threads}, {self.ctas}): make wgmma's "
+                       f"N smaller ({'bm/consumers' if self.swap else 'bn'}) or ctas 1")
         why += thread_rules(self, limits) + smem_rules(self, limits)
         if self.smem_bytes <= limits.max_smem and self.ctas * (self.smem_bytes + 1024) > limits.max_smem + 1024:
             # 1 KiB per block is the system's

@@ -117,7 +117,7 @@ SPARSE_SEEDS = [
 SAMPLED_SEEDS = [
     dict(bn=256, stages=4, ctas=1),
     dict(bn=128, stages=6, ctas=1),
-    dict(bn=256, stages=2, ctas=2),
+    dict(bn=192, stages=3, ctas=2),
     dict(bn=128, stages=3, ctas=2),
     dict(bn=64, stages=6, ctas=2),
 ]
