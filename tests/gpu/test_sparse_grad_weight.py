@@ -66,6 +66,7 @@ HOPPER_CASES = [
     HopperSpec(bn=128, stages=3, ctas=2, dtype=DType.fp16, **SAMPLED_HOPPER),
     HopperSpec(bn=64, stages=6, ctas=2, **SAMPLED_HOPPER),
     HopperSpec(bn=192, stages=4, bias=True, dtype=DType.fp16, **SAMPLED_HOPPER),
+    HopperSpec(bn=192, stages=3, ctas=2, **SAMPLED_HOPPER),  # the widest tile two blocks per multiprocessor compile
 ]
 
 
