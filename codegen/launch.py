@@ -102,7 +102,7 @@ PACK_THREADS = 256
 #: C type of a tensor-map argument: the driver's 128-byte CUtensorMap, passed by value.
 TENSOR_MAP_TYPE = "const __grid_constant__ CUtensorMap"
 #: Operands a tensor map may view (pointer arguments of ARG_TYPES).
-TENSOR_MAP_OPERANDS = ("X", "W", "DY", "WT", "WS", "WC")
+TENSOR_MAP_OPERANDS = ("X", "W", "DY", "WS", "WC")
 #: The driver's names for a tensor map's element type (by gemmscape dtype) and swizzle (by bytes).
 TENSOR_MAP_DTYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
                      "fp32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "tf32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
