@@ -17,7 +17,7 @@ from codegen import sass, sparse
 from codegen.evaluate import PROBE_ALIGNED_K, probe_for
 from codegen.export import export_files
 from codegen.families import spec_from_name, takes_sparse
-from codegen.families.hopper import PRODUCER_REGS, SPARSE_ARGS, Spec, launch_regs, plan
+from codegen.families.hopper import PRODUCER_REGS, SPARSE_ARGS, Spec, grid_rule, launch_regs, plan
 from codegen.launch import LaunchPlan, TensorMapArg
 from codegen.problem import DType, Problem
 from codegen.render import render
@@ -177,6 +177,23 @@ def test_plan_maps_x_and_the_block_array():
         assert {t.swizzle for t in maps} == {swizzle} and not any(t.problems() for t in maps)
 
 
+def test_a_512_row_tile_loads_x_as_two_boxes_of_256_rows():
+    spec = Spec(block=64, bn=64, bm=512, stages=3, persistent=True, grouped=True, group_m=1)
+    assert not spec.check(BIG[64]) and spec.x_box_rows == 256 and spec.acc_regs == 128
+    tx, _ = plan(spec, BIG[64]).tensor_maps
+    assert tx.box == (64, 256) and not tx.problems()
+    src = render(spec)
+    assert "X_BOX_ROWS = 256" in src and "m0 + X_BOX_ROWS" in src
+    assert "box (64, 256)" in grid_rule(spec)
+    assert "X_BOX_ROWS" not in render(Spec(block=64, bn=64, bm=256, stages=4))
+    # two boxes only for a block-sparse W's X tiles of 512 rows, in shared memory that fits
+    for bad, why in ((dict(bm=512, bn=128, stages=3), "bm 512 > 256"),
+                     (dict(block=64, bn=64, bm=384, stages=3), "bm 384 > 256"),
+                     (dict(block=64, bn=64, bm=512, stages=4), "shared memory"),
+                     (dict(block=64, bn=64, bm=512, consumers=1, stages=3), "accumulators per consumer thread")):
+        assert any(why in w for w in Spec(**bad).check()), (bad, Spec(**bad).check())
+
+
 def test_manifest_describes_both_tensor_maps_and_the_bsr_arrays():
     problem = _problem(67, 200, 136, 64, density=0.5, bias=True)
     spec = Spec(block=64, bn=64, bias=True, persistent=True, stages=6)
@@ -244,7 +261,7 @@ def test_every_sampled_sparse_spec_compiles_to_wgmma_fed_by_tma(compiled):
         steps = spec.block // 16 * spec.frag_m
         shape = f"HGMMA.64x{spec.wg_n}x16.F32" + (".BF16" if spec.dtype is DType.bf16 else " ")  # wg_n: the block, or X's rows with swap
         assert ops["HGMMA"] == steps and sass.functions(text)[spec.name].count(shape) == steps, spec.name
-        assert ops["UTMALDG"] == 2 and ops["USETMAXREG"] == 2, spec.name
+        assert ops["UTMALDG"] == 2 + (spec.bm > spec.x_box_rows) and ops["USETMAXREG"] == 2, spec.name  # X: 1-2 boxes
         assert ops["LDL"] == 0 and ops["STL"] == 0, spec.name
         report = result.report[spec.name]
         assert report["spill_stores"] == report["spill_loads"] == report["stack"] == 0, (spec.name, report)

@@ -144,6 +144,8 @@ WG = 128  # threads in a warpgroup
 WGMMA_M, WGMMA_K = 64, 16
 #: Elements of a k-outer (MN-major) operand's box along M or N: one 128-byte swizzle span of 16-bit values.
 MN_BOX = 64
+#: Rows of a TMA box of X's tile (a box dimension holds at most 256 elements); a block-sparse W's 512-row tile is two.
+X_BOX_ROWS = 256
 CONSUMERS = (1, 2)
 #: The block of dW sampled at a block-sparse W's kept blocks: one block row is wgmma's 64 rows.
 SAMPLED_BLOCK = 64
@@ -282,6 +284,11 @@ class Spec(SpecData):
         return WG * (self.consumers + 1)
 
     @property
+    def x_box_rows(self) -> int:
+        """Rows of one TMA box of X's tile: the tile, or half of a 512-row one (a box has at most 256 rows)."""
+        return min(self.bm, X_BOX_ROWS)
+
+    @property
     def tx_bytes(self) -> int:
         """Bytes the copy engine writes into one stage: X's box then W's."""
         return (self.bm + self.bn) * self.row_bytes
@@ -381,8 +388,9 @@ class Spec(SpecData):
             why.append(f"bm {self.bm} must be a multiple of 64 x {self.consumers} consumer warpgroup(s)")
         if self.bn % 8 or not 8 <= self.bn <= 256:
             why.append(f"bn {self.bn} must be a multiple of 8 from 8 to 256 (wgmma N, TMA box rows)")
-        if self.bm > 256:
-            why.append(f"bm {self.bm} > 256 (TMA box rows)")
+        if self.bm > X_BOX_ROWS and not (self.block and not self.sampled and self.bm == 2 * X_BOX_ROWS):
+            why.append(f"bm {self.bm} > {X_BOX_ROWS} (TMA box rows): only a block-sparse W's forward and grad_input "
+                       f"load X's tile as two boxes, bm {2 * X_BOX_ROWS}")
         top = MAX_STAGES[bool(self.block)]
         if not 2 <= self.stages <= top:
             why.append(f"stages must be 2 to {top}, got {self.stages}")
@@ -527,6 +535,8 @@ def template_values(spec: Spec) -> dict:
         swizzle_mode=SWIZZLE_MODE[spec.row_bytes],
         swizzle_mask=spec.row_bytes // 16 - 1,  # the 16-byte chunk index bits of a swizzled row
         a_bytes=spec.bm * spec.row_bytes,
+        two_x_boxes=spec.bm > spec.x_box_rows,
+        x_box_rows=spec.x_box_rows,
         tx_bytes=spec.tx_bytes,
         stage_bytes=spec.stage_bytes,
         bar_offset=spec.stages * spec.stage_bytes,
@@ -571,7 +581,7 @@ def _maps(spec: Spec, problem: Problem) -> tuple[tuple[TensorMapArg, TensorMapAr
     common = dict(dtype=spec.dtype.value, swizzle=spec.row_bytes)
     if spec.block and not spec.sampled:  # X (dY in grad_input) and W's block array
         b, (x, w) = spec.block, layout_args(("X", "W"), spec.layout)
-        return (TensorMapArg("TX", x, dims=(k, m), pitch=k * e, box=(b, spec.bm), **common),
+        return (TensorMapArg("TX", x, dims=(k, m), pitch=k * e, box=(b, spec.x_box_rows), **common),
                 TensorMapArg("TW", w, dims=(b, block_rows_bound(problem, b)), pitch=b * e, box=(b, b),
                              **common)), 0
     if spec.layout is not Layout.forward:  # the operands of the layout's left and right slots
@@ -631,7 +641,7 @@ def grid_rule(spec: Spec) -> str:
         b = spec.block
         y, x, w = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, {sw}-byte swizzle, zero fill): TX "
-                     f"over {x} with dims (K, M), row pitch K*{e} bytes (a multiple of 16), box ({b}, {spec.bm}); TW "
+                     f"over {x} with dims (K, M), row pitch K*{e} bytes (a multiple of 16), box ({b}, {spec.x_box_rows}); TW "
                      f"over the block array {w} with dims ({b}, ceil(N/{b})*ceil(K/{b})*{b}), row pitch {b * e} bytes, "
                      f"box ({b}, {b}); {x} and {w} 16-byte aligned")
         parts.append(bsr_args(spec.layout, b, spec.in_place))

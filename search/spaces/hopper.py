@@ -47,6 +47,7 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     if block:
         for name in ("bn", "cluster", "split_k", "persistent"):  # a backward layout has dropped cluster already
             dims.pop(name, None)
+        dims["bm"] = (64, 128, 256, 512)  # 512: X's tile as two boxes, for two consumers of 256 rows
         dims["grid"] = GRIDS
         dims["stages"] = (3, 4, 5, 6, 8, 10, 12)
         dims["ctas"] = (1, 2)
@@ -97,10 +98,14 @@ def _sparse_point(bm, stages, consumers, grid, ctas=1, group_m=8, swap=False) ->
 #: benchmarks/results/hopper_sparse-NVIDIA_H200-2026-12-02T201948Z.json): 256 rows of two consumers in
 #: grouped order with group_m 1 (every tile in flight on one m-tile of X) for density 0.1; 128 rows of one
 #: consumer, two blocks per multiprocessor, for the sparsest W; the swapped 256-row tile for density 0.5;
-#: the 64-row tiles at batch 32, unswapped or swapped with a deep ring. ``sparse_seeds`` leaves out the
-#: swapped ones for blocks other than 64.
+#: the 64-row tiles at batch 32, unswapped or swapped with a deep ring. Second and third, the 512-row tiles
+#: (two consumers of 256 rows, three stages), plain and swapped: per kept block they read X's 64 KB box and
+#: the 8 KB block for 4 MFLOP, against 40 KB per 2 MFLOP at 256 rows, for the many-row GEMMs of prefill and
+#: training, which L2's bandwidth limits. ``sparse_seeds`` leaves out the swapped ones for blocks other than 64.
 SPARSE_SEEDS = [
     _sparse_point(256, 5, 2, "grouped", group_m=1),
+    _sparse_point(512, 3, 2, "grouped", group_m=1),
+    _sparse_point(512, 3, 2, "grouped", group_m=1, swap=True),
     _sparse_point(128, 4, 1, "grouped", ctas=2),
     _sparse_point(256, 4, 2, "grouped", swap=True),
     _sparse_point(128, 4, 2, "grouped", ctas=2),

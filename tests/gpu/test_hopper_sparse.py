@@ -107,6 +107,26 @@ def test_a_regs_sparse_kernel_is_correct_on_every_pattern(evaluator, spec):
         _assert_ok(evaluator, spec, m, pattern)
 
 
+#: 512-row tiles (X's tile loaded as two boxes of 256 rows): batches that end in the first box (the second is
+#: not loaded), inside the second, past one tile, and a large layer.
+TALL = [
+    Spec(block=64, bn=64, bm=512, stages=3, persistent=True, grouped=True, group_m=1),
+    Spec(block=64, bn=64, bm=512, stages=3, persistent=True, grouped=True, bias=True, swap=True),
+    Spec(block=64, bn=64, bm=512, stages=3, dtype=DType.fp16, bias=True),
+    Spec(block=32, bn=32, bm=512, stages=4, persistent=True, dtype=DType.fp16),
+]
+
+
+@pytest.mark.parametrize("spec", TALL, ids=[s.name for s in TALL])
+def test_512_row_tiles_are_correct(evaluator, spec):
+    assert not spec.check(), spec.check()
+    b = spec.block
+    for m, pattern in [*_patterns(b)[:2], (300, sparse.Pattern.random(5 * b, 6 * b + 8, b, 0.5, seed=6)),
+                       (1025, sparse.Pattern.random(3 * b + 5, 4 * b, b, 0.4, seed=7)),
+                       (2048, sparse.Pattern.random(4096, 4096, b, 0.25, seed=8))]:
+        _assert_ok(evaluator, spec, m, pattern)
+
+
 @pytest.mark.parametrize("spec", [VARIANTS[0], VARIANTS[2], VARIANTS[4]], ids=lambda s: s.name)
 def test_a_large_layer_at_density_a_tenth(evaluator, spec):
     pattern = sparse.Pattern.random(4096, 4096, spec.block, 0.1, seed=11)

@@ -107,6 +107,7 @@ HOPPER_SPARSE_GI = [
     HopperSpec(layout=GI, block=64, bn=64, bm=128, stages=6, persistent=True, dtype=DType.fp16),
     HopperSpec(layout=GI, block=64, bn=64, bm=256, stages=5, group_m=1, persistent=True, grouped=True),
     HopperSpec(layout=GI, block=64, bn=64, bm=128, stages=8, persistent=True, a_regs=True),
+    HopperSpec(layout=GI, block=64, bn=64, bm=512, stages=3, group_m=1, persistent=True, grouped=True),
 ]
 
 
