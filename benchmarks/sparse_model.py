@@ -37,7 +37,9 @@ Phases (each a record of DESIGN.md's format; model records ``ratio.dense`` = den
 - ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls; ``non_gemm`` likewise.
 - ``train``: one pruned layer (``--train-layer``, default layer 0's MLP up projection: 2048x14336x4096 at 2048 tokens) against
   ``nn.Linear`` of the same masked W: forward and ``autograd.grad`` for X and W at ``--tokens`` rows,
-  eager calls; Y, dX and dW (at the kept blocks) checked against the dense layer's. On a GPU the record's
+  eager calls (each timed alone: the host's time to its first kernel counts), and under ``back_to_back`` the
+  same steps issued ``TRAIN_QUEUED`` at a time without waiting, as a training loop issues them (per step);
+  Y, dX and dW (at the kept blocks) checked against the dense layer's. On a GPU the record's
   ``kernel_profile`` says where each side's GPU time goes: its kernels' µs per step under torch's profiler
   (benchmarks.sparse_phases.kernel_profile), apart from the timing.
 - ``engine``: the sparse GEMMs alone in engine timing (codegen.nn.timing: many BlockSparseLinear
@@ -75,6 +77,11 @@ DEFAULTS = {"densities": [0.25, 0.1], "block": 64, "layers": 2, "vocab": 32000, 
 TINY_DEFAULTS = {"block": 16, "vocab": 128, "context": 16, "tokens": 32, "engine_batches": [1, 16]}
 #: The pruned layers whose GEMMs the engine phase times: layer 0's MLP up (14336x4096) and down (4096x14336).
 ENGINE_LAYERS = ("model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj")
+#: Train steps per sample of the train record's ``back_to_back`` timing, and what that timed.
+TRAIN_QUEUED = 10
+QUEUED = (f"{TRAIN_QUEUED} train steps issued one after another between two CUDA events (the host queues each step "
+          f"while the GPU runs the one before, as a training loop does), the time divided by {TRAIN_QUEUED}; same "
+          f"reps and alternating rounds as the record's eager timing")
 #: What a record's ``non_gemm`` timed.
 NON_GEMM = ("the same step (same scope, same timing) on the dense model with every linear layer of its decoder "
             "layers (q, k, v, o, gate, up, down) replaced by a stand-in returning zeros of the output's shape "
@@ -332,13 +339,19 @@ def train_record(args, density, twin, layers, kernels, device, say) -> dict:
     checks = {"y": ph.check(y0, y1), "dx": ph.check(dx0, dx1), "dw_kept_blocks": ph.check(kept, dw1)}
     cuda = device.type == "cuda"
     times = ph.alternate({"dense": dense, "ours": ours}, args.reps, args.rounds, cuda)
+    queued = ph.alternate({"dense": dense, "ours": ours}, args.reps, args.rounds, cuda, back_to_back=TRAIN_QUEUED)
     profiled = {"ours": ph.kernel_profile(ours), "dense": ph.kernel_profile(dense)} if cuda else None
     sparse_layer.eval()
     prob = problem(args, "train", density, 1, args.tokens, layer=name)
     prob["layers"] = 1  # one layer's step, not the model's
     r = record(prob, times["ours"], times["dense"], "eager",
                gemm_report(kernels, {name: sparse_layer}, "train", args.tokens, device, args.dtype), checks)
+    mine, theirs = stats(queued["ours"]), stats(queued["dense"])
+    r["back_to_back"] = {"steps_per_sample": TRAIN_QUEUED, "what": QUEUED, "ours": mine, "dense": theirs,
+                         "ratio_dense": theirs["median_ms"] / mine["median_ms"] if r["ratio"]["dense"] else None}
     say(line(r))
+    say(f"  back to back ({TRAIN_QUEUED} steps a sample): ours {mine['median_ms'] * 1e3:.1f} us, dense "
+        f"{theirs['median_ms'] * 1e3:.1f} us" + (f", {r['back_to_back']['ratio_dense']:.2f}x" if r["ratio"]["dense"] else ""))
     if profiled:  # where each side's GPU time goes (torch's profiler; not the timing above)
         r["kernel_profile"] = profiled
         for side, got in profiled.items():

@@ -111,12 +111,15 @@ def no_gemm_model(dense, device):
 
 
 # ---- timing ----------------------------------------------------------------------------------------------
-def alternate(calls: dict[str, Callable[[], object]], reps: int, rounds: int, cuda: bool) -> dict[str, list[float]]:
+def alternate(calls: dict[str, Callable[[], object]], reps: int, rounds: int, cuda: bool,
+              back_to_back: int = 1) -> dict[str, list[float]]:
     """ms per call of each of ``calls`` (two sides, or more), in ``rounds`` rounds of ``reps // rounds``
-    calls per side, the sides' order reversed every other round (with two, each goes first in half of
+    samples per side, the sides' order reversed every other round (with two, each goes first in half of
     them, since clocks fall under sustained load; with more, each pair swaps its order every other
-    round), each side called once untimed at the start of its turn.
-    CUDA events around each call on the GPU, the wall clock on the CPU."""
+    round), each side called once untimed at the start of its turn. A sample is ``back_to_back`` calls
+    issued one after another (as a training loop issues its steps: the host queues the next while the
+    GPU runs this one), its time divided by their number; with 1, the host's time to the first kernel
+    counts in full. CUDA events around each sample on the GPU, the wall clock on the CPU."""
     import torch
 
     labels = list(calls)
@@ -130,14 +133,16 @@ def alternate(calls: dict[str, Callable[[], object]], reps: int, rounds: int, cu
             for _ in range(max(1, reps // rounds)):
                 if cuda:
                     start.record()
-                    fn()
+                    for _ in range(back_to_back):
+                        fn()
                     end.record()
                     end.synchronize()
-                    times[label].append(start.elapsed_time(end))
+                    times[label].append(start.elapsed_time(end) / back_to_back)
                 else:
                     t0 = time.perf_counter()
-                    fn()
-                    times[label].append((time.perf_counter() - t0) * 1e3)
+                    for _ in range(back_to_back):
+                        fn()
+                    times[label].append((time.perf_counter() - t0) * 1e3 / back_to_back)
     return times
 
 

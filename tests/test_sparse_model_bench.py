@@ -295,6 +295,9 @@ def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
     assert len(decode["ours"]["gemms"]["torch"]) == 6  # gate, up and down of 2 layers, each its own pattern
     assert train["problem"]["layer"] == "model.layers.0.mlp.up_proj" and train["problem"]["layers"] == 1
     assert set(train["ours"]["check"]) == {"y", "dx", "dw_kept_blocks"} and len(train["ours"]["gemms"]["torch"]) == 3
+    queued = train["back_to_back"]
+    assert queued["steps_per_sample"] == bench.TRAIN_QUEUED and queued["ours"]["median_ms"] > 0
+    assert queued["ratio_dense"] == pytest.approx(queued["dense"]["median_ms"] / queued["ours"]["median_ms"])
     written = read_patterns(tmp_path / "pruned" / "pruned-d0.25.safetensors")
     assert {p.hash[:8] for p, _ in written.values()} == {k.rsplit("_", 1)[1] for k in decode["ours"]["gemms"]["torch"]}
     out = capsys.readouterr().out
