@@ -15,6 +15,7 @@ from codegen.cli import options
 from codegen.data import input_shapes, output_shapes, random_inputs, references, to_float64
 from codegen.evaluate import probe_for
 from codegen.families.hopper import Spec as HopperSpec
+from codegen.families.hopper import template_values
 from codegen.families.simt import Spec as SimtSpec
 from codegen.families.tensorcore import Spec as TcSpec
 from codegen.launch import LaunchPlan, grid_rule, plan, workspace_bytes
@@ -76,10 +77,21 @@ TC_BACKWARD = [
 
 #: Backward Hopper kernels: k-outer boxes for W (grad_input) and for both operands (grad_weight, db),
 #: one and two consumer warpgroups, persistent, two blocks per multiprocessor, fp16.
-#: dW sampled at a block-sparse W's kept blocks on Hopper: tiles of one to four kept blocks of a block row.
+#: dW sampled at a block-sparse W's kept blocks on Hopper: tiles of one to four kept blocks of a block row, and
+#: (C2) two consumer warpgroups sharing dY's box, two to eight kept blocks a tile.
 SAMPLED = dict(layout=GW, block=64, bm=64, consumers=1, persistent=True, group_m=1)
+C2 = {**SAMPLED, "consumers": 2}
 HOPPER_SAMPLED = [HopperSpec(bn=256, stages=4, **SAMPLED), HopperSpec(bn=128, stages=3, ctas=2, bias=True, **SAMPLED),
-                  HopperSpec(bn=64, stages=6, ctas=2, dtype="fp16", **SAMPLED)]
+                  HopperSpec(bn=64, stages=6, ctas=2, dtype="fp16", **SAMPLED), HopperSpec(bn=256, stages=3, **C2),
+                  HopperSpec(bn=192, stages=4, bias=True, dtype="fp16", **C2), HopperSpec(bn=64, stages=4, ctas=2, **C2)]
+#: Sources of one consumer warpgroup per sampled tile as rendered before two could share one: unchanged since.
+SAMPLED_PINS = {
+    HopperSpec(bn=256, stages=4, **SAMPLED): "3ac2933591fae666e91109ff89e782bf8f897bd3b8716e5771bc69aba4790d7e",
+    HopperSpec(bn=128, stages=3, ctas=2, bias=True, **SAMPLED):
+        "093a253f34288b9f1bdf27e5faa99c997e98807387e5e2ddbeb380b2d72713fd",
+    HopperSpec(bn=64, stages=6, ctas=2, dtype="fp16", **SAMPLED):
+        "6607e33c8802d6a02e82e1d9a7f17e22b3b00dc51ad661123265eab3b747d93f",
+}
 HOPPER_BACKWARD = [
     HopperSpec(layout=GI),
     HopperSpec(layout=GW, bias=True),
@@ -252,7 +264,7 @@ def test_hopper_sampled_weight_gradient_walks_tiles_of_kept_blocks_of_a_row():
     assert "SampledTiles walk(RP, M)" in source and "store_sampled(Y, acc, first, count)" in source
     assert "GROUP = 2" in source and f"{spec.name}_db" in source
     for bad, why in ((dict(bm=128), "bm must be the block"), (dict(bn=96), "multiple of the block"),
-                     (dict(consumers=2, bm=128), "consumers must be 1"), (dict(persistent=False), "persistent must be True"),
+                     (dict(consumers=2, bm=128), "bm must be the block"), (dict(persistent=False), "persistent must be True"),
                      (dict(group_m=8), "group_m must be 1"), (dict(block=32, bm=32, bn=32), "blocks of 64")):
         assert any(why in r for r in HopperSpec(**{**SAMPLED, "bn": 128, **bad}).check()), bad
     # __launch_bounds__(256, 2) caps an instruction at 128 registers when ptxas compiles: m64n256's 128 accumulators
@@ -263,12 +275,66 @@ def test_hopper_sampled_weight_gradient_walks_tiles_of_kept_blocks_of_a_row():
     assert any("M=1020" in r for r in spec.check(sparse.problem_for(64, sparse.Pattern.random(1020, 512, 64, 0.3),
                                                                     DType.bf16, True, GW)))
     space = space_for("hopper", DType.bf16, block=64, layout=GW)
-    assert set(space.dims) == {"bn", "stages", "ctas"}
+    assert set(space.dims) == {"bn", "stages", "ctas", "consumers"} and space.dims["consumers"] == (1, 2)
     for point in seeds("hopper", 64, GW):
         s = space.spec(point, gw)
         assert s.sampled and not s.check(gw) and point_of(s) == point
+    assert [p["consumers"] for p in seeds("hopper", 64, GW)[:3]] == [1, 2, 2]
     big = sparse.problem_for(2048, sparse.Pattern.random(14336, 4096, 64, 0.25), DType.bf16, layout=GW)
     assert SeedKernels().spec_for(big).name == "hp_bf16_nobias_64x256x64_c1_s4_g1_ps_bsr64_gw"
+
+
+@pytest.mark.parametrize("spec", list(SAMPLED_PINS), ids=lambda s: s.name)
+def test_hopper_sampled_sources_of_one_consumer_are_pinned(spec):
+    assert hashlib.sha256(render(spec).encode()).hexdigest() == SAMPLED_PINS[spec]
+
+
+def test_hopper_sampled_tiles_of_two_consumers_share_dy_s_box():
+    """consumers=2 in dW sampled at the kept blocks: each consumer owns all 64 rows (dY's box, loaded once per
+    stage) and GROUP kept blocks of a tile of 2 x GROUP; the ring, the rules, the name, the plan, the space and
+    the source (against one consumer's, the same tile width)."""
+    from search.space import point_of, space_for
+
+    spec = HopperSpec(bn=256, stages=3, **C2)
+    one = HopperSpec(bn=256, stages=3, **SAMPLED)
+    assert spec.name == "hp_bf16_nobias_64x256x64_c2_s3_g1_ps_bsr64_gw" != one.name
+    assert HopperSpec.from_name(spec.name) == spec == families.spec_from_name(spec.name) == HopperSpec.from_dict(
+        spec.to_dict())
+    assert (spec.wg_m, spec.frag_m, spec.wg_n, spec.acc_regs, spec.threads) == (64, 1, 256, 128, 384)
+    assert spec.tx_bytes == spec.stage_bytes == (64 + 2 * 256) * 128 and one.tx_bytes == (64 + 256) * 128
+    values = template_values(spec)
+    assert (values["group"], values["tile_group"], values["empty_arrivals"]) == (4, 8, 8)  # every consumer warp
+    assert not spec.check()
+    # 4 stages of 72 KiB do not fit; nor do two blocks per multiprocessor of m64n128 (80 registers a wgmma)
+    assert any("shared memory 296000 B > 232448 B" in r for r in HopperSpec(bn=256, stages=4, **C2).check())
+    refused = HopperSpec(bn=128, stages=3, ctas=2, **C2).check()
+    assert any("64 accumulators per consumer thread (+56) > the 96 registers a consumer gets: make bn smaller" in r
+               for r in refused), refused
+    assert any("one wgmma of N 128 needs 90 registers, over the 80" in r for r in refused), refused
+    assert not HopperSpec(bn=64, stages=4, ctas=2, **C2).check() and HopperSpec(bn=64, stages=5, ctas=2, **C2).check()
+    assert all("\n" not in r for r in refused)
+    pattern = sparse.Pattern.random(1024, 520, 64, 0.3, seed=2)
+    gw = sparse.problem_for(333, pattern, DType.bf16, False, GW)
+    assert not spec.check(gw)
+    (main,) = plan(spec, gw).launches
+    assert main.grid == (pattern.nnzb, 1, 1) and main.block == (384, 1, 1) and main.smem == spec.smem_bytes
+    assert "up to 8 kept blocks of one block row (4 per consumer warpgroup)" in grid_rule(spec)
+    space = space_for("hopper", DType.bf16, block=64, layout=GW)
+    assert point_of(spec) == dict(bn=256, stages=3, ctas=1, consumers=2) and space.spec(point_of(spec), gw) == spec
+    assert space.spec(dict(bn=256, stages=4, ctas=1), gw) == HopperSpec(bn=256, stages=4, **SAMPLED)  # older points
+    changed = [line[0] + line[1:].strip() for line in difflib.unified_diff(
+        render(one).replace(one.name, spec.name).splitlines(), render(spec).splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---") and not line[1:].strip().startswith("//")]
+    added = [c for c in changed if c.startswith("+") and c[1:] not in ("}", "#pragma unroll")]  # not the diff's shuffle
+    assert "+constexpr int THREADS = 384, EMPTY_ARRIVALS = 8;  // one arrival per consumer warp" in added
+    assert "+constexpr int BLOCK = 64, GROUP = 4, TILE_GROUP = 8;" in added
+    assert "+count = min(TILE_GROUP, n - (j - p) * TILE_GROUP);" in added  # the walk groups 2 x GROUP blocks
+    assert "+for (int b = 0; b < TILE_GROUP; ++b)" in added  # the producer loads them all after dY's box
+    assert "+const unsigned a = ring + stage * STAGE_BYTES, b = a + A_BYTES + c * GROUP * BOX_BYTES;" in added
+    assert "+store_sampled(Y, acc, first + c * GROUP, count - c * GROUP);  // consumer c's kept blocks of the tile" in added
+    assert "const unsigned tx = (1 + count) * BOX_BYTES;" in render(spec)  # the producer's bytes: dY + count boxes
+    assert "bar_init(empty + 8 * s, EMPTY_ARRIVALS);" in render(spec)
+    assert len(added) == 12, added  # those, the ring's bytes, the walk's other two lines, the cols, setmaxnreg
 
 
 def test_hopper_backward_plans_map_the_layout_s_arrays_k_outer():

@@ -5,7 +5,8 @@ with ``cp.async.bulk.tensor`` into a ring of ``stages`` shared-memory buffers, i
 swizzled K-major layout that ``wgmma`` reads; each buffer has a "full" mbarrier (the copy engine
 completes its byte count) and an "empty" one (every consumer warp arrives when its wgmma have
 read it). ``consumers`` (1 or 2) consumer warpgroups (registers grown by ``setmaxnreg``) each own
-``bm / consumers`` rows of the ``bm x bn`` block tile and issue ``wgmma.mma_async`` m64n``bn``k16
+``bm / consumers`` rows of the ``bm x bn`` block tile (dW sampled at a sparse W's kept blocks, below, splits
+the columns instead) and issue ``wgmma.mma_async`` m64n``bn``k16
 from shared-memory descriptors, keeping one k-tile of wgmma in flight while the next is issued.
 The epilogue adds the bias in fp32, converts and stores straight from the accumulators with
 bounds checks. X and W are read through tensor maps (``codegen.launch.TensorMapArg``) that the
@@ -55,13 +56,17 @@ between 64-element groups along M or N). Boxes wholly past M or N are not loaded
 columns are not stored). grad_weight's bias gradient db is a kernel of its own (codegen.launch.db_launch).
 The weight gradient of a block-sparse W (blocks of 64) is sampled at its kept blocks (``sampled``): dW = dYᵀ·X
 only there, written as W's BSR values DW[nnzb][64][64] (codegen.launch.BSR_GW_ARGS). A tile is one block row
-(``bm`` = 64, one consumer warpgroup) and up to ``bn / 64`` of its kept blocks: per k-tile of the batch the
-producer loads dY's box of the row and X's box under each kept block side by side, so wgmma runs
-m64n``bn`` with B gathered from ``bn / 64`` places. The grid is persistent (``ctas`` blocks per multiprocessor,
-at most one per kept block); tile j is the j-th group of kept blocks counted row by row (a row's last group may
-be short), and each thread walks the row pointers forward as its tiles need them (``SampledTiles``). The
-epilogue stores each kept block's 64 x 64 values whole, 16 bytes a lane: rows past M and columns past N are
-zeros (TMA zero-filled dY and X there), as the BSR values want.
+(``bm`` = 64) and up to ``consumers x bn / 64`` of its kept blocks: per k-tile of the batch the producer loads
+dY's box of the row once and X's box under each kept block side by side after it (the stage holds 64 +
+``consumers x bn`` rows). Each consumer warpgroup owns all 64 rows and ``bn / 64`` of the blocks: consumer c runs
+wgmma m64n``bn`` with A the shared dY box and B gathered from X's boxes ``c x bn / 64`` on, and stores those
+blocks; two consumers thus read dY's box from L2 once for twice the FLOPs. A consumer without blocks in a
+tile (a row's short last group) still waits for and hands back every stage (the empty barriers count every
+consumer warp), computing on whatever its part of the stage holds, and stores nothing. The grid is persistent
+(``ctas`` blocks per multiprocessor, at most one per kept block); tile j is the j-th group of kept blocks
+counted row by row (a row's last group may be short), and each thread walks the row pointers forward as its
+tiles need them (``SampledTiles``). The epilogue stores each kept block's 64 x 64 values whole, 16 bytes a
+lane: rows past M and columns past N are zeros (TMA zero-filled dY and X there), as the BSR values want.
 ``split_k`` > 1 (dense W, plain grid, no cluster) splits K over the grid's y dimension, for layers of
 few output tiles: block (tile, split) runs its split's k-tiles (``split_range``; a split past K's last
 k-tile has none and writes zeros) and stores its fp32 partial sums into the workspace WS[split][M][N];
@@ -205,7 +210,8 @@ class Spec(SpecData):
     bm: int = field(default=128, metadata={"help": "block tile rows (M): 64 or 128 per consumer warpgroup"})
     bn: int = field(default=256, metadata={"help": "block tile columns (N) = wgmma N, a multiple of 8 up to 256"})
     stages: int = field(default=4, metadata={"help": "shared-memory ring depth (2-8)"})
-    consumers: int = field(default=2, metadata={"help": "consumer warpgroups (1 or 2), each owns bm/consumers rows"})
+    consumers: int = field(default=2, metadata={"help": "consumer warpgroups (1 or 2), each owns bm/consumers rows "
+                                                        "(sampled dW: all bm rows, bn columns of kept blocks each)"})
     group_m: int = field(default=8, metadata={"help": "block rows grouped for L2 reuse"})
     persistent: bool = field(default=False, metadata={"help": "one block per multiprocessor looping over tiles"})
     grouped: bool = field(default=False, metadata={"help": "a persistent grid over a block-sparse W strides over "
@@ -261,8 +267,9 @@ class Spec(SpecData):
 
     @property
     def wg_m(self) -> int:
-        """Rows of the block tile each consumer warpgroup owns."""
-        return self.bm // max(self.consumers, 1)
+        """Rows of the block tile each consumer warpgroup owns: with dW sampled at the kept blocks all of them
+        (the consumers share dY's box, each against kept blocks of its own)."""
+        return self.bm if self.sampled else self.bm // max(self.consumers, 1)
 
     @property
     def frag_m(self) -> int:
@@ -290,8 +297,9 @@ class Spec(SpecData):
 
     @property
     def tx_bytes(self) -> int:
-        """Bytes the copy engine writes into one stage: X's box then W's."""
-        return (self.bm + self.bn) * self.row_bytes
+        """Bytes the copy engine writes into one stage: X's box then W's (with dW sampled at the kept blocks,
+        one W box of ``bn`` rows per consumer warpgroup)."""
+        return (self.bm + (self.consumers if self.sampled else 1) * self.bn) * self.row_bytes
 
     @property
     def stage_bytes(self) -> int:
@@ -353,7 +361,7 @@ class Spec(SpecData):
         if self.acc_regs + CONSUMER_OVERHEAD + self.a_frag_regs > budget:
             frags = f", +{self.a_frag_regs} for A's fragments" if self.a_regs else ""
             why.append(f"{self.acc_regs} accumulators per consumer thread (+{CONSUMER_OVERHEAD}{frags}) > the {budget} "
-                       f"registers a consumer gets: make bm/consumers x bn smaller")
+                       f"registers a consumer gets: make {'bn' if self.sampled else 'bm/consumers x bn'} smaller")
         cap, per_wgmma = launch_regs(self.consumers, self.ctas), self.wg_n // 2 + (A_FRAG_REGS if self.a_regs else 0)
         if per_wgmma + WGMMA_LIVE > cap:
             why.append(f"one wgmma of N {self.wg_n} needs {per_wgmma + WGMMA_LIVE} registers, over the {cap} ptxas "
@@ -384,7 +392,7 @@ class Spec(SpecData):
                 if bad:
                     why.append(f"swap is generated for the forward layout without cluster, split_k or a_regs: "
                                f"{name} is {getattr(self, name).value if name == 'layout' else getattr(self, name)}")
-        elif self.bm % (WGMMA_M * self.consumers):
+        elif not self.sampled and self.bm % (WGMMA_M * self.consumers):  # sampled: each consumer has all bm rows
             why.append(f"bm {self.bm} must be a multiple of 64 x {self.consumers} consumer warpgroup(s)")
         if self.bn % 8 or not 8 <= self.bn <= 256:
             why.append(f"bn {self.bn} must be a multiple of 8 from 8 to 256 (wgmma N, TMA box rows)")
@@ -405,7 +413,8 @@ class Spec(SpecData):
 
     def _sampled_rules(self) -> list[str]:
         """What dW sampled at a block-sparse W's kept blocks is generated with: a tile is up to bn/block kept
-        blocks of one block row, on a persistent grid walking the tiles row by row."""
+        blocks of one block row per consumer warpgroup (1 or 2, sharing the row's dY), on a persistent grid
+        walking the tiles row by row."""
         b = self.block
         why = [] if b == SAMPLED_BLOCK else [
             f"dW sampled at the kept blocks is generated on Hopper for blocks of {SAMPLED_BLOCK} (a tile is one block "
@@ -415,12 +424,11 @@ class Spec(SpecData):
         if self.bn % b or not b <= self.bn <= 256:
             why.append(f"bn {self.bn} must be a multiple of the block ({b}) up to 256 for dW sampled at the kept "
                        f"blocks: a tile is bn/{b} kept blocks of one block row")
-        for name, bad, need in (("consumers", self.consumers != 1, 1), ("persistent", not self.persistent, True),
-                                ("grouped", self.grouped, False), ("group_m", self.group_m != 1, 1),
-                                ("split_k", self.split_k != 1, 1)):
+        for name, bad, need in (("persistent", not self.persistent, True), ("grouped", self.grouped, False),
+                                ("group_m", self.group_m != 1, 1), ("split_k", self.split_k != 1, 1)):
             if bad:
-                why.append(f"dW sampled at the kept blocks runs one consumer warpgroup per tile on a persistent grid "
-                           f"walking the tiles row by row: {name} must be {need}")
+                why.append(f"dW sampled at the kept blocks runs on a persistent grid walking the tiles row by row: "
+                           f"{name} must be {need}")
         return why
 
     def _option_rules(self) -> list[str]:
@@ -508,7 +516,8 @@ def template_values(spec: Spec) -> dict:
         balanced=bool(spec.block and spec.persistent and not spec.grouped and not spec.sampled),
         sampled=spec.sampled,
         in_place=spec.in_place,
-        group=spec.bn // spec.block if spec.sampled else 0,
+        group=spec.bn // spec.block if spec.sampled else 0,  # kept blocks per consumer warpgroup
+        tile_group=spec.consumers * spec.bn // spec.block if spec.sampled else 0,  # and per tile
         threads=spec.threads,
         wg_m=spec.wg_m,
         wg_n=spec.wg_n,
@@ -657,8 +666,10 @@ def grid_rule(spec: Spec) -> str:
         slots = layout_args(LAYOUT_SLOTS[Layout.forward], spec.layout)
         parts.append(f"argument Y is {slots[0]} ({COMMENT[spec.layout]}), B is null")
         if spec.sampled:
-            parts.append(bsr_args(spec.layout, spec.block) + f"; a tile is up to {spec.bn // spec.block} kept blocks "
-                         f"of one block row, the grid walks the tiles row by row")
+            group = spec.bn // spec.block
+            share = f" ({group} per consumer warpgroup)" if spec.consumers > 1 else ""
+            parts.append(bsr_args(spec.layout, spec.block) + f"; a tile is up to {spec.consumers * group} kept blocks "
+                         f"of one block row{share}, the grid walks the tiles row by row")
     else:
         parts.append(f"{head}; TX and TW are 2-D tensor maps ({spec.dtype.value}, 128-byte swizzle, zero "
                      f"fill): TX over {src_x} with dims (K, M), TW over {src_w} with dims (K, N), row pitch {pitch} bytes "

@@ -24,11 +24,12 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
     is ``bm / consumers`` instead of the block), for the forward layout. The backward layouts
     (dense W) load their k-outer operands in boxes of 64 columns, so ``bn`` is a multiple of 64, and
     have no cluster pairs. dW sampled at a block-sparse W's kept blocks (grad_weight, blocks of 64) has tiles
-    of one block row (``bm`` the block, one consumer warpgroup) holding ``bn / block`` of its kept blocks, on a
-    persistent grid (``ctas`` per multiprocessor) walking the tiles row by row: ``bn``, ``stages`` and ``ctas``
-    are its dimensions. The spec's ``a_regs`` (X's fragments through registers) is not a dimension:
-    it is right on the H200 but timed within noise of its shared-memory twin on every probe shape
-    (benchmarks/NOTES.md, 2026-12-02), so a search would spend half its trials on no difference."""
+    of one block row (``bm`` the block) holding ``bn / block`` of its kept blocks per consumer warpgroup (one or
+    two, sharing the row's dY), on a persistent grid (``ctas`` per multiprocessor) walking the tiles row by row:
+    ``bn``, ``stages``, ``ctas`` and ``consumers`` are its dimensions. The spec's ``a_regs`` (X's fragments
+    through registers) is not a dimension: it is right on the H200 but timed within noise of its shared-memory
+    twin on every probe shape (benchmarks/NOTES.md, 2026-12-02), so a search would spend half its trials on no
+    difference."""
     dims = {
         "bm": (64, 128, 256),
         "bn": (64, 96, 128, 160, 192, 224, 256),
@@ -40,7 +41,8 @@ def space(dtype: DType = DType.bf16, block: int = 0, layout: Layout = Layout.for
         "split_k": (1, 2, 4, 8, 16),
     }
     if block and Layout(layout) is Layout.grad_weight:  # dW sampled at the kept blocks
-        return Space(NAME, {"bn": (64, 128, 192, 256), "stages": (2, 3, 4, 5, 6, 8), "ctas": (1, 2)})
+        return Space(NAME, {"bn": (64, 128, 192, 256), "stages": (2, 3, 4, 5, 6, 8), "ctas": (1, 2),
+                            "consumers": (1, 2)})
     if Layout(layout) is not Layout.forward:
         dims["bn"] = (64, 128, 192, 256)
         del dims["cluster"]
@@ -116,15 +118,20 @@ SPARSE_SEEDS = [
 ]
 
 
-#: dW sampled at a block-sparse W's kept blocks: four, two or one kept blocks of a row per tile, one or
-#: two blocks per multiprocessor. The first won a budget-6 search of 14336x4096x2048 bf16 at density 0.25 on an
-#: H100 (1.65-1.67x dense cuBLAS; benchmarks/NOTES.md, "Hopper kernels for a block-sparse W's backward GEMMs").
+#: dW sampled at a block-sparse W's kept blocks: four, two or one kept blocks of a row per consumer warpgroup,
+#: one or two blocks per multiprocessor. The first won a budget-6 search of 14336x4096x2048 bf16 at density 0.25
+#: on an H100 (1.65-1.67x dense cuBLAS; benchmarks/NOTES.md, "Hopper kernels for a block-sparse W's backward
+#: GEMMs"). The second and third are two consumer warpgroups sharing dY's box, eight or six kept blocks a tile:
+#: per k-tile they load one box of dY for 8 or 6 of X instead of 1 for 4, less L2 traffic per FLOP for a kernel
+#: bound by it (not yet timed).
 SAMPLED_SEEDS = [
-    dict(bn=256, stages=4, ctas=1),
-    dict(bn=128, stages=6, ctas=1),
-    dict(bn=192, stages=3, ctas=2),
-    dict(bn=128, stages=3, ctas=2),
-    dict(bn=64, stages=6, ctas=2),
+    dict(bn=256, stages=4, ctas=1, consumers=1),
+    dict(bn=256, stages=3, ctas=1, consumers=2),
+    dict(bn=192, stages=4, ctas=1, consumers=2),
+    dict(bn=128, stages=6, ctas=1, consumers=1),
+    dict(bn=192, stages=3, ctas=2, consumers=1),
+    dict(bn=128, stages=3, ctas=2, consumers=1),
+    dict(bn=64, stages=6, ctas=2, consumers=1),
 ]
 
 
@@ -136,9 +143,10 @@ def sparse_seeds(block: int) -> list[dict]:
 def to_spec(point: dict, problem: Problem) -> Spec:
     """Map a point onto a spec for the problem: the pack prepass exactly when K breaks 16-byte rows
     (dense W only); with a block-sparse W, ``bn`` is the block."""
-    if problem.block and problem.layout is Layout.grad_weight:  # one block row per tile, one consumer, persistent
+    if problem.block and problem.layout is Layout.grad_weight:  # one block row per tile, persistent
+        point = {"consumers": 1, **point}  # points recorded before consumers was a dimension had one
         return Spec(dtype=problem.dtype, bias=problem.bias, bm=problem.block, block=problem.block, layout=problem.layout,
-                    consumers=1, persistent=True, group_m=1, **point)
+                    persistent=True, group_m=1, **point)
     if problem.block:
         point = dict(point)
         grid = point.pop("grid", None)

@@ -1,7 +1,8 @@
 """GPU tier: the weight gradient of a block-sparse W sampled at its kept blocks (tensor-core, SIMT and
 Hopper families) is correct on awkward layers: N and K that end inside a block (padded last block row and
-column), empty block rows, batches of one row and of odd length, a large sparse layer; dW (the kept
-blocks) and db NaN-poisoned before each run and checked against float64, the odd-shape probe run
+column), empty block rows, batches of one row and of odd length, a large sparse layer; on Hopper also tiles
+of two consumer warpgroups at every fill (one consumer's blocks only, both partly or wholly filled); dW (the
+kept blocks) and db NaN-poisoned before each run and checked against float64, the odd-shape probe run
 with each; a plan that leaves dW unwritten is caught."""
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ CASES = [
 ]
 
 
-#: Hopper: blocks of 64, tiles of one to four kept blocks of a row on a persistent grid. Layers whose out and in
-#: are multiples of 8 (TMA's 16-byte rows; the batch is free): ragged in and out, one row, an odd batch, rows
-#: of many kept blocks (groups of a row, a short last group), more tiles than the grid (a large layer).
+#: Hopper: blocks of 64, tiles of one to four kept blocks of a row per consumer warpgroup (one or two sharing
+#: dY's box) on a persistent grid. Layers whose out and in are multiples of 8 (TMA's 16-byte rows; the batch is
+#: free): ragged in and out, one row, an odd batch, rows of many kept blocks (groups of a row, a short last
+#: group: rows of 10 leave a two-consumer tile of 8 a last one of 2, its second consumer idle), more tiles than
+#: the grid (a large layer).
 HOPPER_LAYERS = [(91, 72, 136, 0.5), (1, 96, 128, 0.5), (333, 1016, 1024, 0.3), (77, 600, 256, 1.0),
                  (2048, 4096, 4096, 0.25)]
 SAMPLED_HOPPER = dict(layout=GW, block=64, bm=64, consumers=1, persistent=True, group_m=1)
+TWO_CONSUMERS = {**SAMPLED_HOPPER, "consumers": 2}
 HOPPER_CASES = [
     HopperSpec(bn=256, stages=4, **SAMPLED_HOPPER),
     HopperSpec(bn=256, stages=4, bias=True, **SAMPLED_HOPPER),
@@ -67,7 +71,29 @@ HOPPER_CASES = [
     HopperSpec(bn=64, stages=6, ctas=2, **SAMPLED_HOPPER),
     HopperSpec(bn=192, stages=4, bias=True, dtype=DType.fp16, **SAMPLED_HOPPER),
     HopperSpec(bn=192, stages=3, ctas=2, **SAMPLED_HOPPER),  # the widest tile two blocks per multiprocessor compile
+    # two consumer warpgroups, dY's box shared: tiles of 8, 6, 4 and 2 kept blocks
+    HopperSpec(bn=256, stages=3, **TWO_CONSUMERS),
+    HopperSpec(bn=256, stages=3, bias=True, dtype=DType.fp16, **TWO_CONSUMERS),
+    HopperSpec(bn=192, stages=4, **TWO_CONSUMERS),
+    HopperSpec(bn=128, stages=5, bias=True, **TWO_CONSUMERS),
+    HopperSpec(bn=64, stages=4, ctas=2, dtype=DType.fp16, **TWO_CONSUMERS),
 ]
+#: Kept blocks of each block row of FILLS' W (14 block columns): empty rows, fewer than one consumer's GROUP + 1
+#: (the second consumer idle in every tile of bn 256), exactly GROUP, GROUP + 1, a full tile of 8, one more
+#: (a short last tile), counts that are not multiples of 8, and a full row.
+FILL_COUNTS = (0, 1, 3, 4, 5, 8, 0, 9, 11, 13, 14)
+
+
+def fills_pattern(counts=FILL_COUNTS, cols: int = 14, seed: int = 5) -> sparse.Pattern:
+    """W [out, in] whose block row r keeps counts[r] blocks at random columns, out and in ragged (the last block
+    row and column padded, multiples of 8 for TMA's rows) and the padded corner block kept."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((len(counts), cols), dtype=bool)
+    for r, n in enumerate(counts):
+        mask[r, rng.choice(cols, size=n, replace=False)] = True
+    if not mask[-1, -1]:
+        mask[-1, np.flatnonzero(mask[-1])[0]], mask[-1, -1] = False, True
+    return sparse.Pattern.from_mask(mask, len(counts) * 64 - 8, cols * 64 - 24, 64)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +134,20 @@ def test_hopper_sampled_weight_gradients_are_correct(evaluator, spec):
     for batch, fin, out, density in HOPPER_LAYERS:
         pattern = pattern_of(out, fin, spec.block, density)
         problem = sparse.problem_for(batch, pattern, spec.dtype, spec.bias, GW)
+        result, _ = evaluator.evaluate(spec, problem)
+        assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
+        assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
+
+
+@pytest.mark.parametrize("spec", [s for s in HOPPER_CASES if s.consumers == 2], ids=lambda s: s.name)
+def test_hopper_two_consumer_tiles_at_every_fill(evaluator, spec):
+    """Tiles of two consumer warpgroups holding 1 to 2 x GROUP kept blocks (a consumer without blocks still hands
+    every stage back), on a ragged W at an odd batch and a batch of one row."""
+    pattern = fills_pattern()
+    assert [int(n) for n in np.diff(pattern.indptr)] == list(FILL_COUNTS) and pattern.mask()[-1, -1]
+    for batch in (131, 1):
+        problem = sparse.problem_for(batch, pattern, spec.dtype, spec.bias, GW)
+        assert not spec.check(problem), spec.check(problem)
         result, _ = evaluator.evaluate(spec, problem)
         assert result["status"] == "ok", f"{spec.name} on {problem.key}: {result['evidence']}"
         assert result["rel_error"] is not None and result["rel_error"] < spec.dtype.rel_tol
