@@ -35,6 +35,9 @@ Phases (each a record of DESIGN.md's format; model records ``ratio.dense`` = den
   slot); where the installed transformers cannot run it, one line says why (a failed capture is timed
   eagerly and says so). ``non_gemm`` likewise.
 - ``prefill``: the forward of ``--tokens`` tokens (batch 1) under no_grad, eager calls; ``non_gemm`` likewise.
+  On a GPU a second prefill record times the same three steps captured in CUDA graphs (``"timing": "graph"``,
+  as the decode records are, or eager with the reason where a capture fails): the GPU's time without the
+  host's launches, which eager HF layers can leave the GPU waiting on.
 - ``train``: one pruned layer (``--train-layer``, default layer 0's MLP up projection: 2048x14336x4096 at 2048 tokens) against
   ``nn.Linear`` of the same masked W: forward and ``autograd.grad`` for X and W at ``--tokens`` rows,
   eager calls (each timed alone: the host's time to its first kernel counts), and under ``back_to_back`` the
@@ -282,6 +285,9 @@ def run_density(args, density: float, dense_cpu, kernels, device, say, save=None
                      for side, model in (("dense", twin), ("ours", ours), ("no_gemm", no_gemm))}
             records.append(model_record(args, density, "prefill", 1, args.tokens, calls, layers, kernels, device, say,
                                         graph=False))
+            if cuda:  # and the same prefill replayed as one CUDA graph a side: the GPU's time, no host in it
+                records.append(model_record(args, density, "prefill", 1, args.tokens, calls, layers, kernels, device,
+                                            say))
         elif phase == "train":
             records.append(train_record(args, density, twin, layers, kernels, device, say))
         if save is not None:
