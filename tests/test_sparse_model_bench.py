@@ -331,6 +331,14 @@ def test_measurements_render_the_records_in_the_model_and_engine_tables(tmp_path
     (scoped / "sparse_model-NVIDIA_H200-2026-12-06T000000Z.json").write_text(json.dumps(doc))
     row = next(line for line in measurements.model(scoped, "base").splitlines() if "decode" in line)
     assert "graph (decoder layers)" in row and "3.00×" in row
+    model_rec["back_to_back"] = {"steps_per_sample": 10, "ours": stats, "dense": {**stats, "median_ms": 0.02},
+                                 "ratio_dense": 2.0}
+    queued = tmp_path / "queued"
+    queued.mkdir()
+    (queued / "sparse_model-NVIDIA_H200-2026-12-06T000000Z.json").write_text(json.dumps(doc))
+    rows = [line for line in measurements.model(queued, "base").splitlines() if "decode" in line]
+    assert len(rows) == 2 and "back to back" not in rows[0] and "3.00×" in rows[0]
+    assert "back to back" in rows[1] and "2.00×" in rows[1] and "10 steps a sample" in rows[1]
     engine = measurements.engine(tmp_path, "base")
     row = next(line for line in engine.splitlines() if "14336" in line)
     assert "16×14336×4096, blocks of 64 at density 0.1" in row and "5.00×" in row and "`dr_k`" in row
