@@ -21,7 +21,8 @@ or 32 bytes for blocks of 64, 32 or 16, swizzled by the same span, and the wgmma
 so), and the producer walks only the row's kept blocks: X's k-columns of each kept block through
 X's tensor map, the block itself through a second tensor map over the contiguous block array
 (rows of ``block`` elements, one block every ``block`` rows). An empty block row writes zeros
-(+ bias). A block-sparse W's grad_input dX = dY·W (blocks of 64) runs the same pipeline over Wᵀ's block
+(+ bias). Its tile may be 512 rows tall (two consumers of 256): X's tile is then two TMA boxes of 256 rows
+(a box holds at most 256), the second not loaded where it lies wholly past M. A block-sparse W's grad_input dX = dY·W (blocks of 64) runs the same pipeline over Wᵀ's block
 rows (Wᵀ's row pointers RP and block columns CI), reading dY as the forward reads X and W's own kept blocks
 in place: BI gives each of Wᵀ's kept blocks' index in W, its box is loaded as stored ([out][in], k-outer for
 this GEMM) and wgmma reads it transposed (codegen.launch.BSR_GI_IN_PLACE_ARGS), so no transposed copy of W is
