@@ -279,9 +279,9 @@ def test_hopper_sampled_weight_gradient_walks_tiles_of_kept_blocks_of_a_row():
     for point in seeds("hopper", 64, GW):
         s = space.spec(point, gw)
         assert s.sampled and not s.check(gw) and point_of(s) == point
-    assert [p["consumers"] for p in seeds("hopper", 64, GW)[:3]] == [1, 2, 2]
+    assert [(p["consumers"], p["ctas"]) for p in seeds("hopper", 64, GW)[:3]] == [(1, 2), (2, 1), (1, 1)]
     big = sparse.problem_for(2048, sparse.Pattern.random(14336, 4096, 64, 0.25), DType.bf16, layout=GW)
-    assert SeedKernels().spec_for(big).name == "hp_bf16_nobias_64x256x64_c1_s4_g1_ps_bsr64_gw"
+    assert SeedKernels().spec_for(big).name == "hp_bf16_nobias_64x192x64_c1_s3_g1_ps_bsr64_o2_gw"
 
 
 @pytest.mark.parametrize("spec", list(SAMPLED_PINS), ids=lambda s: s.name)

@@ -118,19 +118,18 @@ SPARSE_SEEDS = [
 ]
 
 
-#: dW sampled at a block-sparse W's kept blocks: four, two or one kept blocks of a row per consumer warpgroup,
-#: one or two blocks per multiprocessor. The first won a budget-6 search of 14336x4096x2048 bf16 at density 0.25
-#: on an H100 (1.65-1.67x dense cuBLAS; benchmarks/NOTES.md, "Hopper kernels for a block-sparse W's backward
-#: GEMMs"). The second and third are two consumer warpgroups sharing dY's box, eight or six kept blocks a tile:
-#: per k-tile they load one box of dY for 8 or 6 of X instead of 1 for 4, less L2 traffic per FLOP for a kernel
-#: bound by it (not yet timed).
+#: dW sampled at a block-sparse W's kept blocks: four, three, two or one kept blocks of a row per consumer
+#: warpgroup, one or two consumers (two share dY's box: one box of dY per k-tile for up to 8 of X), one or two
+#: blocks per multiprocessor. The first six in the order two budget-6 searches of 14336x4096x2048 bf16 at
+#: density 0.25 on an H100 ranked them (178.7, 179.0-179.8, 183.0-184.0, 188.1-188.4, 191.2-191.5 and
+#: 199.4-201.0 us, cold single calls; benchmarks/NOTES.md, "2026-12-06, sixth session").
 SAMPLED_SEEDS = [
-    dict(bn=256, stages=4, ctas=1, consumers=1),
-    dict(bn=256, stages=3, ctas=1, consumers=2),
-    dict(bn=192, stages=4, ctas=1, consumers=2),
-    dict(bn=128, stages=6, ctas=1, consumers=1),
     dict(bn=192, stages=3, ctas=2, consumers=1),
+    dict(bn=256, stages=3, ctas=1, consumers=2),
+    dict(bn=256, stages=4, ctas=1, consumers=1),
+    dict(bn=192, stages=4, ctas=1, consumers=2),
     dict(bn=128, stages=3, ctas=2, consumers=1),
+    dict(bn=128, stages=6, ctas=1, consumers=1),
     dict(bn=64, stages=6, ctas=2, consumers=1),
 ]
 
