@@ -286,6 +286,8 @@ def run_density(args, density: float, dense_cpu, kernels, device, say, save=None
             records.append(model_record(args, density, "prefill", 1, args.tokens, calls, layers, kernels, device, say,
                                         graph=False))
             if cuda:  # and the same prefill replayed as one CUDA graph a side: the GPU's time, no host in it
+                if save is not None:
+                    save(records)  # the eager record is kept whatever the graphs do
                 records.append(model_record(args, density, "prefill", 1, args.tokens, calls, layers, kernels, device,
                                             say))
         elif phase == "train":
