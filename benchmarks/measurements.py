@@ -381,7 +381,8 @@ def model(results: Path, base: str) -> str:
             if q := r.get("back_to_back"):  # the same train steps issued back to back, as a training loop does
                 tail = source(doc, r, name, base)
                 rows.append([rows[-1][0] + ", back to back", ran, rows[-1][2], us_ms(q["ours"]), us_ms(q["dense"]),
-                             times(q.get("ratio_dense")), f"{q['steps_per_sample']} steps a sample", *tail[1:]])
+                             times(q.get("ratio_dense")), f"{tail[0]}, {q['steps_per_sample']} steps a sample",
+                             *tail[1:]])
     return table(["model, phase", "GEMMs", "logits", "ours ms, median (p20–p80)", "nn.Linear ms", "nn.Linear ÷ ours",
                   *TAIL], rows) + caveats(results, files, base)
 
